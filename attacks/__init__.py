@@ -1,0 +1,1 @@
+"""Built-in attack plugins; each module is one attack family."""

@@ -1,0 +1,396 @@
+"""Attack framework: threat model (AdversaryView + Aux) apart from attack, truth apart from both.
+
+An attack plugin is a class with
+  ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
+  ``aux`` (subset of "public", "domain_samples", "candidates"); ``target`` ("reconstruction" |
+  "membership" | "attribute" | "label_dist" | "dataset_size"); ``Params`` (dataclass);
+  ``run(view, aux) -> list[Output]`` and ``control() -> list[Control]`` (positive/negative controls on
+  data the attack builds itself; a failed positive control turns the attack's numbers into
+  "not measurable").
+It sees only the AdversaryView (what that adversary received or sent) and the Aux it declared. Ground truth
+never reaches ``run``: the scorer joins outputs with truth using the one metrics module.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import metrics as M
+from .data import Split
+from .errors import UserError
+from .federation import load_arrays
+from .ledger import Ledger, atomic_write
+from .models import build_model
+from .plugins import available, load_attack
+
+ADVERSARIES = ("server", "client", "eavesdropper")
+
+
+@dataclass
+class AttackParams:
+    as_client: str = ""           # the curious client for adversary "client" (default: the first client)
+    max_victims: int = 0          # 0 = every victim the adversary can see
+
+
+# ------------------------------------------------------------------------------------------- outputs
+
+@dataclass
+class Reconstruction:
+    """Images an attack rebuilt from an artifact. ``truth`` names the ground-truth record the rows refer
+    to: a truth file written by the victim (e.g. the bank's image ids) or "train" (match against the
+    victim's whole training set with the Hungarian algorithm)."""
+    victim: str
+    artifact: str
+    round: int
+    images: torch.Tensor          # (N, C, H, W) in [0, 1]
+    truth: str = "train"
+    rows: Any = None              # indices into the truth record, aligned with images; None = match
+    aligned: bool = False         # score with aligned PSNR (Fourier ambiguities: shifts, point inversion)
+    variant: str = ""
+    baseline: torch.Tensor | None = None   # the attack's own trivial baseline images, same rows
+
+
+@dataclass
+class Scores:
+    """Membership scores (higher = member) for ``aux.candidates[victim]`` in its order."""
+    victim: str
+    artifact: str
+    round: int
+    scores: np.ndarray
+    variant: str = ""
+
+
+@dataclass
+class Predictions:
+    """Predicted attribute ("class" | "domain") per row of a truth record (as in Reconstruction)."""
+    victim: str
+    artifact: str
+    round: int
+    attribute: str
+    pred: np.ndarray
+    n_classes: int
+    truth: str = "train"
+    rows: Any = None
+    variant: str = ""
+
+
+@dataclass
+class Estimate:
+    """A quantity of the victim's data: "n_samples" (scalar) or "label_counts" (per class)."""
+    victim: str
+    artifact: str
+    round: int
+    quantity: str
+    value: np.ndarray
+    variant: str = ""
+
+
+@dataclass
+class Control:
+    name: str
+    metric: str
+    value: float
+    threshold: float
+    positive: bool = True         # positive: must reach threshold; negative: must stay below it
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.threshold if self.positive else self.value <= self.threshold
+
+
+class Attack:
+    name = ""
+    consumes: tuple = ()
+    adversary = "server"
+    aux: tuple = ()
+    target = ""
+    Params = AttackParams
+
+    def __init__(self, params=None, device: str = "cpu"):
+        self.p = params or self.Params()
+        self.device = torch.device(device)
+
+    def run(self, view: "AdversaryView", aux: "Aux") -> list:
+        raise NotImplementedError
+
+    def control(self) -> list[Control]:
+        return []
+
+
+# ------------------------------------------------------------------------------------------- views
+
+@dataclass
+class Message:
+    env: Any
+    _ledger: Any
+
+    def __getattr__(self, k):
+        return getattr(self.env, k)
+
+    @property
+    def payload(self):
+        return self._ledger.payload(self.env)
+
+
+class AdversaryView:
+    """What one adversary observed in one run, plus the public protocol description (Kerckhoffs)."""
+
+    def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
+        self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
+        self.model_cfg, self.shape, self.device = run["model_cfg"], run["shape"], device
+        self.clients = list(run["clients"])
+        self.me = me
+        envs = ledger.select(run=self.run_id)
+        if adversary != "eavesdropper":
+            envs = [e for e in envs if me in (e.sender, e.receiver)]
+        self._msgs = [Message(e, ledger) for e in envs]
+
+    def messages(self, **match) -> list[Message]:
+        """Observed messages whose envelope fields equal the given values (lists mean any of)."""
+        return [m for m in self._msgs if all(getattr(m.env, k) in v if isinstance(v, (list, tuple, set))
+                                             else getattr(m.env, k) == v for k, v in match.items())]
+
+    def kinds(self) -> set[str]:
+        return {m.kind for m in self._msgs}
+
+    def new_model(self) -> torch.nn.Module:
+        c, s, k = self.shape
+        return build_model(self.model_cfg, c, k, s).to(self.device)
+
+    def model(self, arrays: dict) -> torch.nn.Module:
+        return load_arrays(self.new_model(), arrays).eval()
+
+
+@dataclass
+class Aux:
+    """Auxiliary knowledge the attack declared. ``public``: labelled images of the held-out domain (not a
+    victim's). ``domain_samples``: labelled public samples of each source domain, disjoint from all
+    training data. ``candidates[victim]``: a shuffled pool of that victim's members and non-members, with
+    class labels (membership withheld)."""
+    public: Split | None = None
+    domain_samples: dict = field(default_factory=dict)
+    candidates: dict = field(default_factory=dict)
+    num_classes: int = 0
+    domains: list = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------- truth + scoring
+
+class Truth:
+    def __init__(self, root: Path, run: dict):
+        self.root, self.run, self.data = root, run, run["data"]
+        self.pool = {d.name: (torch.cat([d.train.x, d.val.x]), torch.cat([d.train.y, d.val.y]),
+                              np.concatenate([d.train.idx, d.val.idx])) for d in self.data.domains}
+        self.by_idx = {}
+        for name, (x, y, idx) in self.pool.items():
+            for i, g in enumerate(idx):
+                self.by_idx[int(g)] = (name, i)
+
+    def images(self, idx) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        locs = [self.by_idx[int(g)] for g in idx]
+        x = torch.stack([self.pool[d][0][i] for d, i in locs])
+        y = torch.stack([self.pool[d][1][i] for d, i in locs])
+        return x, y, [d for d, _ in locs]
+
+    def record(self, victim: str, name: str) -> dict:
+        if name == "train":
+            return {"idx": self.data.domain(victim).train.idx}
+        f = self.root / "truth" / self.run["run_id"] / victim / f"{name}.npz"
+        if not f.exists():
+            raise FileNotFoundError(f"no ground truth {f}")
+        with np.load(f) as z:
+            return dict(z)
+
+
+def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
+    """The attacker's auxiliary data and the membership truth of its candidate pools."""
+    data, target = run["data"], run["target"]
+    t = data.domain(target)
+    aux = Aux(num_classes=data.num_classes, domains=[d.name for d in data.domains if d.name != target])
+    members = {}
+    if "public" in need:
+        aux.public = Split(torch.cat([t.train.x, t.val.x]), torch.cat([t.train.y, t.val.y]),
+                           np.concatenate([t.train.idx, t.val.idx]))
+    rng = np.random.default_rng(seed)
+    for d in data.domains:
+        if d.name == target:
+            continue
+        half = len(d.val.y) // 2
+        if "domain_samples" in need:
+            aux.domain_samples[d.name] = Split(d.val.x[half:], d.val.y[half:], d.val.idx[half:])
+        if "candidates" in need:
+            n = min(half, len(d.train.y))
+            mi = rng.choice(len(d.train.y), n, replace=False)
+            x = torch.cat([d.train.x[mi], d.val.x[:n]])
+            y = torch.cat([d.train.y[mi], d.val.y[:n]])
+            idx = np.concatenate([d.train.idx[mi], d.val.idx[:n]])
+            lab = np.r_[np.ones(n), np.zeros(n)]
+            p = rng.permutation(2 * n)
+            aux.candidates[d.name] = Split(x[p], y[p], idx[p])
+            members[d.name] = lab[p]
+    return aux, members
+
+
+def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
+    """Join one attack output with the truth; return (metric, value, baseline) rows."""
+    rows = []
+    add = lambda metric, value, baseline=float("nan"): rows.append(
+        dict(metric=metric, value=float(value), baseline=float(baseline)))
+    if isinstance(out, Reconstruction):
+        rec = truth.record(out.victim, out.truth)
+        idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
+        x, _, _ = truth.images(idx)
+        r = out.images.detach().cpu().float().clamp(0, 1)
+        if out.rows is None:  # match each reconstruction to a distinct true image
+            cost = ((r[:, None] - x[None]) ** 2).flatten(2).mean(-1)
+            from scipy.optimize import linear_sum_assignment
+            ri, ci = linear_sum_assignment(cost.numpy())
+            r, x = r[ri], x[ci]
+        ps = M.aligned_psnr(r, x) if out.aligned else M.psnr(r, x)
+        base = out.baseline if out.baseline is not None else aux.public.x.mean(0, keepdim=True).expand_as(x) \
+            if aux.public is not None else x.mean(0, keepdim=True).expand_as(x)
+        bs = M.aligned_psnr(base.cpu().float(), x) if out.aligned else M.psnr(base.cpu().float(), x)
+        add("psnr", ps.mean(), bs.mean())
+        add("psnr_max", ps.max(), bs.max())
+        add("ssim", M.ssim(M.aligned(r, x) if out.aligned else r, x).mean(), M.ssim(base.cpu().float(), x).mean())
+        add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0))
+        out.scored = (x, r, base)
+    elif isinstance(out, Scores):
+        lab = members[out.victim]
+        add("auc", M.auc(out.scores, lab), 0.5)
+        for f in (0.01, 0.001):
+            add(f"tpr@{f:g}fpr", M.tpr_at_fpr(out.scores, lab, f), f)
+    elif isinstance(out, Predictions):
+        rec = truth.record(out.victim, out.truth)
+        idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
+        _, y, doms = truth.images(idx)
+        true = y.numpy() if out.attribute == "class" else np.array([aux.domains.index(d) for d in doms])
+        add(f"{out.attribute}_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes),
+            M.chance(out.n_classes))
+    elif isinstance(out, Estimate):
+        y = truth.data.domain(out.victim).train.y.numpy()
+        if out.quantity == "n_samples":
+            add("n_samples_rel_error", M.relative_error(float(np.ravel(out.value)[0]), len(y)), float("nan"))
+        else:
+            counts = np.bincount(y, minlength=len(out.value))
+            prior = np.full(len(counts), len(y) / len(counts))
+            add("label_count_acc", M.label_count_accuracy(np.asarray(out.value), counts),
+                M.label_count_accuracy(prior, counts))
+            add("label_existence_f1", M.existence_f1(np.asarray(out.value), counts),
+                M.existence_f1(np.ones(len(counts)), counts))
+    else:
+        raise TypeError(f"attack returned {type(out).__name__}; return Reconstruction, Scores, Predictions "
+                        "or Estimate")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- harness
+
+LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact",
+               "round", "victim", "output", "metric", "value", "baseline", "status"]
+
+
+def _runs(root: Path) -> dict[str, dict]:
+    from .runner import plan
+    from .scenario import load_raw
+    summary = json.loads((root / "summary.json").read_text())
+    planned = {r["run_id"]: r for r in plan(load_raw(root / "config.resolved.toml"))}
+    out = {}
+    for s in summary["runs"]:
+        if s.get("status") != "ok" or s["run"] not in planned:
+            continue
+        p = planned[s["run"]]
+        d = p["data"]
+        out[s["run"]] = dict(s, run_id=s["run"], data=d, model_cfg=p["sc"].model,
+                             shape=(d.channels, d.size, d.num_classes), params=s["params"])
+    return out
+
+
+def _make(cfg: dict, device):
+    cfg = dict(cfg)
+    name, label = cfg.pop("name"), cfg.pop("label", None) or None
+    cls = load_attack(name)
+    from .scenario import typed
+    return label or cls.name or name, cls(typed(cls.Params, cfg, f"attacks.{label or name}"), device)
+
+
+def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
+    """Run attacks on every finished run of a run folder; write leakage.csv, controls and grids."""
+    from .runner import resolve_device
+    root = Path(root)
+    ledger = Ledger.open(root)
+    runs = _runs(root)
+    device = torch.device(resolve_device("auto"))
+    attacks = [_make(c, device) for c in attack_cfgs]
+    rows, controls = [], []
+    for label, atk in attacks:
+        if atk.adversary not in ADVERSARIES:
+            raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
+        ok = True
+        for c in atk.control():
+            ok &= c.passed or not c.positive
+            controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
+        for run_id, run in runs.items():
+            me = {"server": "server", "eavesdropper": "eavesdropper"}.get(atk.adversary) or \
+                atk.p.as_client or run["clients"][0]
+            view = AdversaryView(ledger, run, atk.adversary, me, device)
+            if not set(atk.consumes) & view.kinds():
+                continue
+            aux, members = build_aux(run, atk.aux, seed=run["seed"])
+            truth = Truth(root, run)
+            if not quiet and sys.stderr.isatty():
+                sys.stderr.write(f"\rattack {label} on {run_id} ...")
+            outs = atk.run(view, aux)
+            for o in outs:
+                for r in score(o, truth, members, aux):
+                    rows.append(dict({k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")},
+                                     run=run_id, attack=label, adversary=me, artifact=o.artifact, round=o.round,
+                                     victim=o.victim, output=getattr(o, "variant", ""),
+                                     status="ok" if ok else "not measurable (control failed)", **r))
+                if isinstance(o, Reconstruction) and hasattr(o, "scored"):
+                    _save_grid(root, label, run_id, o)
+    _write_rows(root / "leakage.csv", rows, LEAK_FIELDS)
+    atomic_write(root / "controls.json", json.dumps(controls, indent=1))
+    if not quiet and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return root / "leakage.csv"
+
+
+def _save_grid(root: Path, label: str, run_id: str, o: Reconstruction, n: int = 8) -> None:
+    x, r, b = o.scored
+    buf = io.BytesIO()
+    np.savez_compressed(buf, truth=x[:n].numpy(), recon=r[:n].numpy(), baseline=b[:n].cpu().float().numpy())
+    safe = run_id.replace("/", "__")
+    atomic_write(root / "recon" / label / f"{safe}__{o.victim}__{o.variant or 'main'}.npz", buf.getvalue())
+
+
+def _write_rows(path: Path, rows: list[dict], fields: list[str]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write(path, buf.getvalue())
+
+
+def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False) -> str:
+    root = Path(run_dir)
+    if not (root / "summary.json").exists():
+        raise UserError(f"{root} has no summary.json: pass a run folder written by `fdg_audit scenario`")
+    if names:
+        cfgs = [{"name": n} for n in names]
+    else:
+        from .scenario import load_raw, parse
+        cfgs = [dict(name=a.name, label=a.label, **a.params)
+                for a in parse(load_raw(root / "config.resolved.toml")).attacks] or \
+            [{"name": n} for n in sorted(available("attack"))]
+    out = run_attacks(root, cfgs, quiet)
+    return f"leakage: {out}"

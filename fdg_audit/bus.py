@@ -1,0 +1,154 @@
+"""The bus: the only channel between parties, and the trust boundary of every run.
+
+Wire codec ``FDG1`` (one documented format for every artifact):
+
+    b"FDG1" | uint32 little-endian header length | header (UTF-8 JSON, sorted keys) | array bytes
+
+The header is ``{"arrays": [{"name", "dtype", "shape", "offset", "nbytes"}, ...], "scalars": {name: value}}``;
+arrays follow in header order as C-contiguous little-endian bytes. Encoding is deterministic, so the same
+payload always has the same sha256, and ``len(encode(p))`` is the size that would cross a real network.
+
+``Bus.send`` applies the sender's filters (privacy mechanisms), encodes, records an Envelope in the ledger
+and returns a decoded copy for the receiver. A broadcast is one envelope per receiver.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+MAGIC = b"FDG1"
+ARTIFACT_KINDS = {"weights", "delta", "bn_stats", "head", "amplitude_bank", "style_bank", "prototypes",
+                  "generator", "scalar", "n_samples", "metric"}
+
+
+def register_kind(kind: str) -> None:
+    """Methods may extend the vocabulary of artifact kinds."""
+    ARTIFACT_KINDS.add(kind)
+
+
+def _as_numpy(v) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    a = np.ascontiguousarray(v)
+    return a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
+
+
+def encode(arrays: dict[str, Any], scalars: dict[str, Any] | None = None) -> bytes:
+    """Encode named arrays (tensors or ndarrays) and JSON scalars into FDG1 bytes."""
+    metas, blobs, offset = [], [], 0
+    for name, v in arrays.items():
+        a = _as_numpy(v)
+        b = a.tobytes()
+        metas.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape), "offset": offset, "nbytes": len(b)})
+        blobs.append(b)
+        offset += len(b)
+    header = json.dumps({"arrays": metas, "scalars": scalars or {}}, sort_keys=True, separators=(",", ":")).encode()
+    return MAGIC + struct.pack("<I", len(header)) + header + b"".join(blobs)
+
+
+def decode_header(data: bytes) -> tuple[dict, int]:
+    if data[:4] != MAGIC:
+        raise ValueError("not an FDG1 payload")
+    (n,) = struct.unpack("<I", data[4:8])
+    return json.loads(data[8:8 + n]), 8 + n
+
+
+def decode(data: bytes) -> "Payload":
+    header, start = decode_header(data)
+    arrays = {}
+    for m in header["arrays"]:
+        a = np.frombuffer(data, dtype=np.dtype(m["dtype"]), count=int(np.prod(m["shape"], dtype=np.int64)),
+                          offset=start + m["offset"])
+        arrays[m["name"]] = torch.from_numpy(a.reshape(m["shape"]).copy())
+    return Payload(arrays, header["scalars"])
+
+
+@dataclass
+class Payload:
+    """What a party receives: named tensors (CPU, decoded copies) and scalars."""
+    arrays: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name):
+        return self.arrays[name] if name in self.arrays else self.scalars[name]
+
+    def group(self, prefix: str) -> dict[str, torch.Tensor]:
+        """Arrays whose name starts with ``prefix + '/'``, with the prefix removed."""
+        p = prefix + "/"
+        return {k[len(p):]: v for k, v in self.arrays.items() if k.startswith(p)}
+
+
+@dataclass
+class Envelope:
+    """One recorded transmission: what the network carried from one party to another."""
+    run: str
+    method: str
+    round: int
+    phase: str
+    seq: int
+    sender: str
+    receiver: str
+    kind: str
+    arrays: list[dict]
+    scalars: list[str]
+    wire_bytes: int
+    sha256: str
+    filters: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+
+Filter = Callable[[str, dict, dict], tuple[dict, dict, dict]]
+"""A sender-side filter: (kind, arrays, scalars) -> (arrays, scalars, event). ``event`` names the mechanism
+and its accounting record; it is stored in the envelope."""
+
+
+class Bus:
+    """Records every transmission of one run in a ledger and delivers decoded copies."""
+
+    def __init__(self, ledger, run: str, method: str, filters: dict[str, list[Filter]] | None = None):
+        self.ledger, self.run, self.method = ledger, run, method
+        self.filters = filters or {}
+        self.round, self.seq = 0, 0
+        self.sent: dict[int, int] = {}   # wire bytes per round
+
+    def encode_from(self, sender: str, kind: str, arrays: dict, scalars: dict | None = None) -> tuple[bytes, list]:
+        """Apply the sender's filters and encode; used where the sender lives (maybe another process)."""
+        if kind not in ARTIFACT_KINDS:
+            raise ValueError(f"unknown artifact kind {kind!r}; known: {sorted(ARTIFACT_KINDS)} "
+                             "(a method adds kinds with fdg_audit.bus.register_kind)")
+        scalars, events = dict(scalars or {}), []
+        for f in self.filters.get(kind, []) + self.filters.get("*", []):
+            arrays, scalars, ev = f(kind, arrays, scalars)
+            events.append(ev)
+        return encode(arrays, scalars), events
+
+    def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=()) -> Payload:
+        """Record already-encoded bytes as one envelope and return the receiver's decoded copy."""
+        header, _ = decode_header(data)
+        digest = hashlib.sha256(data).hexdigest()
+        env = Envelope(self.run, self.method, self.round, phase, self.seq, sender, receiver, kind,
+                       [{k: m[k] for k in ("name", "dtype", "shape")} for m in header["arrays"]],
+                       sorted(header["scalars"]), len(data), digest, list(events))
+        self.seq += 1
+        self.sent[self.round] = self.sent.get(self.round, 0) + len(data)
+        self.ledger.append(env, data)
+        return decode(data)
+
+    def send(self, phase: str, sender: str, receiver: str, kind: str, arrays: dict,
+             scalars: dict | None = None) -> Payload:
+        data, events = self.encode_from(sender, kind, arrays, scalars)
+        return self.record(phase, sender, receiver, kind, data, events)
+
+    def broadcast(self, phase: str, sender: str, receivers: list[str], kind: str, arrays: dict,
+                  scalars: dict | None = None) -> dict[str, Payload]:
+        """One encoding, one envelope per receiver (that is what the network carries)."""
+        data, events = self.encode_from(sender, kind, arrays, scalars)
+        return {r: self.record(phase, sender, r, kind, data, events) for r in receivers}

@@ -1,0 +1,75 @@
+"""``python -m fdg_audit scenario|attack|report|plugins``. User errors print as one line, exit code 2."""
+import sys
+from dataclasses import dataclass, field
+from typing import List
+
+from argparse_dataclass import ArgumentParser
+
+from .errors import UserError
+
+
+@dataclass
+class ScenarioArgs:
+    file: str = field(metadata=dict(args=["file"], help="scenario TOML, e.g. scenarios/quick.toml"))
+    set: List[str] = field(default_factory=list, metadata=dict(
+        args=["--set"], nargs="*", type=str, action="extend", help="overrides key=value, e.g. train.rounds=3"))
+    out: str = field(default="", metadata=dict(help="output root (default: the scenario's `out`, runs/)"))
+    quiet: bool = field(default=False, metadata=dict(help="no progress bars"))
+
+
+@dataclass
+class AttackArgs:
+    run_dir: str = field(metadata=dict(args=["run_dir"], help="a finished run folder"))
+    attacks: List[str] = field(default_factory=list, metadata=dict(
+        nargs="*", type=str, help="attack names (default: the scenario's [[attacks]], else every attack)"))
+    quiet: bool = field(default=False, metadata=dict(help="no progress bars"))
+
+
+@dataclass
+class ReportArgs:
+    run_dirs: List[str] = field(metadata=dict(args=["run_dirs"], nargs="+", type=str, help="run folders"))
+    out: str = field(default="", metadata=dict(help="report folder (default: the first run folder)"))
+
+
+USAGE = """usage: python -m fdg_audit COMMAND ...
+  scenario FILE [--set key=value ...]   run a scenario (train, record, attack, report)
+  attack RUN_DIR [--attacks NAME ...]   re-run attacks on a finished run folder
+  report RUN_DIR [RUN_DIR ...]          aggregate run folders into report.md + plots
+  plugins                               list methods and attacks and where they come from"""
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "scenario":
+            a = ArgumentParser(ScenarioArgs, prog="fdg_audit scenario").parse_args(rest)
+            from .runner import run_scenario
+            from .report import headline
+            root = run_scenario(a.file, a.set, a.out or None, a.quiet)
+            print(headline(root))
+            print(f"results: {root}")
+        elif cmd == "attack":
+            a = ArgumentParser(AttackArgs, prog="fdg_audit attack").parse_args(rest)
+            from .attack import run_attacks_cli
+            print(run_attacks_cli(a.run_dir, a.attacks, a.quiet))
+        elif cmd == "report":
+            a = ArgumentParser(ReportArgs, prog="fdg_audit report").parse_args(rest)
+            from .report import write_report
+            print(f"report: {write_report(a.run_dirs, a.out or a.run_dirs[0])}")
+        elif cmd == "plugins":
+            from .plugins import describe
+            print(describe())
+        else:
+            print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+            return 2
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

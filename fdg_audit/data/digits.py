@@ -1,0 +1,92 @@
+"""Embedded digits: scikit-learn's 1797 real 8x8 digits lifted to 28x28, split into disjoint domains.
+
+Families: "rotated" (a Rotated-MNIST analogue, 1 channel) and "appearance" (a Digits-DG analogue, 3 channels:
+colour, background texture, contrast and inversion shifts). Image ids are row numbers of ``load_digits``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fdg_audit.data import DataConfig, DomainSet, select_domains, split_domain
+from fdg_audit.errors import UserError
+
+ROTATED = {"rot0": 0, "rot15": 15, "rot30": 30, "rot45": 45, "rot60": 60, "rot75": 75}
+APPEARANCE = ("grey", "colour", "inverted", "texture", "lowcontrast")
+FAMILIES = {"rotated": list(ROTATED), "appearance": list(APPEARANCE)}
+
+
+def lift(images: np.ndarray) -> torch.Tensor:
+    """(N, 8, 8) digits with values 0..16 -> (N, 1, 28, 28) float32 in [0, 1]: bilinear to 20x20, 4 px zero pad."""
+    x = torch.as_tensor(np.asarray(images, dtype=np.float32) / 16.0).unsqueeze(1)
+    x = F.interpolate(x, size=(20, 20), mode="bilinear", align_corners=False)
+    return F.pad(x, (4, 4, 4, 4)).clamp(0.0, 1.0)
+
+
+def rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
+    """Rotate a batch (N, C, H, W) counter-clockwise (as displayed) about its centre; zeros fill the corners."""
+    if degrees % 360 == 0:
+        return x.clone()
+    a = math.radians(degrees)
+    c, s = math.cos(a), math.sin(a)
+    theta = torch.tensor([[c, -s, 0.0], [s, c, 0.0]], dtype=x.dtype, device=x.device)
+    grid = F.affine_grid(theta.expand(x.shape[0], 2, 3), list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False).clamp(0.0, 1.0)
+
+
+def partition(n: int, n_domains: int, seed: int, per_domain: int) -> list[np.ndarray]:
+    """Shuffle range(n) with seed and cut it into n_domains disjoint chunks, each capped at per_domain (0 = no cap)."""
+    chunks = np.array_split(np.random.default_rng(seed).permutation(n), n_domains)
+    return [c[:per_domain] if per_domain else c for c in chunks]
+
+
+def appearance(mask: torch.Tensor, style: str, rng: np.random.Generator) -> torch.Tensor:
+    """Render (N, 1, H, W) digit masks in [0, 1] as (N, 3, H, W) images of one appearance domain."""
+    n, _, h, w = mask.shape
+    m = mask.expand(n, 3, h, w)
+    if style == "grey":
+        out = m.clone()
+    elif style == "inverted":
+        out = 1.0 - m
+    elif style == "colour":
+        bg = rng.random((n, 3, 1, 1))
+        fg = (bg + rng.uniform(0.35, 0.65, (n, 3, 1, 1))) % 1.0  # every channel differs by >= 0.35
+        out = m * torch.as_tensor(fg, dtype=torch.float32) + (1 - m) * torch.as_tensor(bg, dtype=torch.float32)
+    elif style == "texture":
+        coarse = F.interpolate(torch.as_tensor(rng.random((n, 3, 7, 7)), dtype=torch.float32), size=(h, w),
+                               mode="bilinear", align_corners=False)
+        fine = torch.as_tensor(rng.random((n, 1, h, w)), dtype=torch.float32)
+        out = m + (1 - m) * (0.5 * coarse + 0.3 * fine)
+    elif style == "lowcontrast":
+        level = torch.as_tensor(rng.uniform(0.4, 0.5, (n, 1, 1, 1)), dtype=torch.float32)
+        out = level + 0.12 * m
+    else:
+        raise UserError(f"unknown appearance domain {style!r}: use one of {', '.join(APPEARANCE)}")
+    return out.clamp(0.0, 1.0).contiguous()
+
+
+def load_digits_domains(cfg: DataConfig) -> DomainSet:
+    """The embedded digits DomainSet of family cfg.family (domains are disjoint subsets of the 1797 images)."""
+    from sklearn.datasets import load_digits
+
+    if cfg.family not in FAMILIES:
+        raise UserError(f"unknown data.family {cfg.family!r} for dataset digits: use one of {', '.join(FAMILIES)}")
+    names = FAMILIES[cfg.family]
+    wanted = select_domains(cfg, names, f"digits/{cfg.family}")
+    bunch = load_digits()
+    images, labels = bunch.images, bunch.target.astype(np.int64)
+    chunks = partition(len(labels), len(names), cfg.split_seed, cfg.per_domain)
+    domains = []
+    for name in wanted:
+        i = names.index(name)
+        ids = chunks[i]
+        mask = lift(images[ids])
+        if cfg.family == "rotated":
+            x = rotate(mask, ROTATED[name])
+        else:
+            x = appearance(mask, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
+        domains.append(split_domain(name, x, labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
+    return DomainSet(f"digits-{cfg.family}", domains, 10, 1 if cfg.family == "rotated" else 3, 28)

@@ -1,0 +1,18 @@
+"""The one metrics module every attack and the scorer use (definitions: attacks.md §1, §4.1)."""
+
+from .dp import clopper_pearson_upper, eps_lower_bound, one_run_eps, one_run_p_value
+from .image import (
+    PSNR_CAP_DB, aligned, aligned_psnr, label_count_accuracy, match_batch, matched_psnr, mse, psnr,
+    ssim, success_rate,
+)
+from .membership import (
+    auc, balanced_accuracy, chance, existence_f1, relative_error, resolvable, roc, tpr_at_fpr,
+)
+
+__all__ = [
+    "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate", "match_batch",
+    "matched_psnr", "label_count_accuracy",
+    "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "existence_f1",
+    "relative_error",
+    "clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps",
+]

@@ -1,0 +1,75 @@
+"""Empirical ε lower bounds for DP audits (attacks.md §1 and §4.1). Plain floats in and out."""
+
+import numpy as np
+from scipy.special import expit
+from scipy.stats import beta as beta_dist
+from scipy.stats import binom
+
+
+def clopper_pearson_upper(k, n, alpha):
+    """One-sided Clopper–Pearson upper bound on a rate from k events in n trials, confidence 1 - alpha.
+
+    Beta(1 - alpha; k + 1, n - k) quantile; 1.0 when k == n (nothing bounds it below 1).
+    """
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    return 1.0 if k == n else float(beta_dist.ppf(1 - alpha, k + 1, n - k))
+
+
+def eps_lower_bound(fp, n_neg, fn, n_pos, delta=0.0, alpha=0.05):
+    """ε lower bound from a binary test's error counts, holding with confidence 1 - alpha.
+
+    fp false positives out of n_neg trials on D⁰, fn false negatives out of n_pos trials on D¹.
+    Each rate gets a Clopper–Pearson upper bound at confidence 1 - alpha/2 (union bound), and
+    (ε, δ)-DP forces FPR + e^ε·FNR >= 1 - δ and FNR + e^ε·FPR >= 1 - δ, so
+    ε_lb = max(ln((1 - δ - FPR_ub)/FNR_ub), ln((1 - δ - FNR_ub)/FPR_ub)), clamped at 0
+    (a non-positive numerator also gives 0).
+    """
+    fpr = clopper_pearson_upper(fp, n_neg, alpha / 2)
+    fnr = clopper_pearson_upper(fn, n_pos, alpha / 2)
+    best = 0.0
+    for num, den in ((1 - delta - fpr, fnr), (1 - delta - fnr, fpr)):
+        if num > 0:
+            best = max(best, float(np.log(num / den)))
+    return best
+
+
+def one_run_p_value(m, r, v, eps, delta):
+    """p-value of >= v correct guesses out of r under (ε, δ)-DP, m canaries (Steinke et al. 2023).
+
+    With q = e^ε/(1 + e^ε), W ~ Binomial(r, q):
+    p = P[W >= v] + 2·m·δ·max_{1<=i<=v} P[v - i <= W <= v - 1] / i, capped at 1.
+    The first term is the pure ε-DP bound (each guess no better than ε-randomized response); the
+    second is the paper's δ correction, which is what Privacy Meter's `p_value_DP_audit` computes.
+    """
+    if not 0 <= v <= r <= m:
+        raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+    q = expit(eps)
+    p = binom.sf(v - 1, r, q)
+    if delta > 0 and v > 0:
+        below = np.cumsum(binom.pmf(np.arange(v - 1, -1, -1), r, q))  # i-th entry: P[v-i <= W <= v-1]
+        p += 2 * m * delta * (below / np.arange(1, v + 1)).max()
+    return float(min(p, 1.0))
+
+
+def one_run_eps(m, r, v, delta, beta=0.05, tol=1e-6):
+    """Largest ε whose one-run p-value (see `one_run_p_value`) is below beta: the ε lower bound.
+
+    m canaries each included w.p. ½; the auditor makes r guesses (abstaining on the rest) of which
+    v are right. The p-value grows with ε, so ε is bracketed by doubling and then bisected to
+    `tol`; the returned value is the lower end, i.e. still rejected. Returns 0.0 when even ε = 0
+    cannot be rejected. Use δ = the training δ and beta = 0.05 (attacks.md §4.2).
+    """
+    below = lambda e: one_run_p_value(m, r, v, e, delta) < beta  # noqa: E731
+    if not below(0.0):
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while below(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if below(mid) else (lo, mid)
+    return lo
+
+
+__all__ = ["clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps"]

@@ -1,0 +1,136 @@
+"""Reconstruction metrics (attacks.md §1). Torch in, torch out, on the inputs' device.
+
+Images are (B, C, H, W) in [0, 1]; every per-image metric returns a tensor of shape (B,).
+Nothing here loops over images or shifts in Python.
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
+
+PSNR_CAP_DB = 100.0  # PSNR of a perfect reconstruction (MSE == 0) is reported as this, not inf
+
+
+def mse(x, y):
+    """Mean squared error per image over channels and pixels, shape (B,)."""
+    return (x - y).pow(2).flatten(1).mean(1)
+
+
+def _psnr_from_mse(m, data_range):
+    floor = data_range**2 * 10 ** (-PSNR_CAP_DB / 10)  # MSE below this would exceed the cap
+    return 10 * torch.log10(data_range**2 / m.clamp_min(floor))
+
+
+def psnr(x, y, data_range=1.0):
+    """PSNR = 10·log10(data_range² / MSE) per image, shape (B,).
+
+    Capped at PSNR_CAP_DB (100 dB) so identical images give 100 instead of inf and batch means stay finite.
+    """
+    return _psnr_from_mse(mse(x, y), data_range)
+
+
+def _best_alignment(x, y):
+    """Circular shift (si, sj) and inversion flag maximising the correlation of the moved x with y.
+
+    The moved image is x_f(n - s), where x_f is x or its point inversion x(-n mod N). Because the
+    sum of squares does not change under these moves, max correlation == min MSE:
+    MSE(s) = mean(x²) + mean(y²) - 2·corr(s)/(C·H·W). corr comes from one FFT pair:
+    sum_n x(n-s)·y(n) = ifft(Y·conj(X)) and sum_n x(s-n)·y(n) = ifft(Y·X), summed over channels.
+    """
+    H, W = x.shape[-2:]
+    X, Y = torch.fft.fft2(x), torch.fft.fft2(y)
+    plain = torch.fft.ifft2(Y * X.conj()).real.sum(1)  # (B, H, W)
+    inv = torch.fft.ifft2(Y * X).real.sum(1)
+    best = torch.stack([plain, inv], 1).flatten(1).argmax(1)  # (B,) over 2·H·W candidates
+    return best // (H * W), (best % (H * W)) // W, best % W  # flip, si, sj
+
+
+def aligned(x, y):
+    """x moved by the circular shift and/or point inversion that best matches y, shape like x.
+
+    These are the trivial ambiguities of Fourier-magnitude data, so grids should show this image.
+    """
+    B, C, H, W = x.shape
+    flip, si, sj = _best_alignment(x, y)
+    x_inv = torch.roll(torch.flip(x, (-2, -1)), (1, 1), (-2, -1))  # x(-n mod N)
+    xf = torch.where(flip.bool().view(B, 1, 1, 1), x_inv, x)
+    dev = x.device
+    rows = (torch.arange(H, device=dev) - si[:, None]) % H  # (B, H): out[i] = xf[i - si]
+    cols = (torch.arange(W, device=dev) - sj[:, None]) % W
+    out = xf.gather(2, rows.view(B, 1, H, 1).expand(B, C, H, W))
+    return out.gather(3, cols.view(B, 1, 1, W).expand(B, C, H, W))
+
+
+def aligned_psnr(x, y, data_range=1.0, return_aligned=False):
+    """PSNR of x after the best circular shift and point inversion (see `aligned`), shape (B,).
+
+    The alignment is searched with FFTs; the reported PSNR is recomputed directly on the aligned
+    image, so an exact shifted/inverted copy reaches the cap. Returns (psnr, x_aligned) if asked.
+    """
+    xa = aligned(x, y)
+    p = psnr(xa, y, data_range)
+    return (p, xa) if return_aligned else p
+
+
+def _gaussian_window(size, sigma, dtype, device):
+    g = torch.exp(-((torch.arange(size, dtype=dtype, device=device) - (size - 1) / 2) ** 2) / (2 * sigma**2))
+    g = g / g.sum()
+    return g[:, None] * g[None, :]
+
+
+def ssim(x, y, data_range=1.0, win_size=11, sigma=1.5, k1=0.01, k2=0.03):
+    """Gaussian-window SSIM (Wang et al. 2004) per image, shape (B,).
+
+    11×11 Gaussian window, σ = 1.5, K1 = 0.01, K2 = 0.03, population (weighted, not sample) variances.
+    'valid' filtering: only windows fully inside the image are scored (as Wang's MATLAB code), so
+    H and W must be >= win_size. The SSIM map is averaged over positions, then over channels.
+    This is plain SSIM, not breaching's CW-SSIM.
+    """
+    B, C, H, W = x.shape
+    if min(H, W) < win_size:
+        raise ValueError(f"ssim needs H, W >= win_size={win_size}, got {H}x{W}")
+    w = _gaussian_window(win_size, sigma, x.dtype, x.device).expand(C, 1, win_size, win_size)
+    filt = lambda t: F.conv2d(t, w, groups=C)  # noqa: E731
+    mx, my = filt(x), filt(y)
+    vx, vy, cxy = filt(x * x) - mx**2, filt(y * y) - my**2, filt(x * y) - mx * my
+    c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+    smap = (2 * mx * my + c1) * (2 * cxy + c2) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
+    return smap.flatten(1).mean(1)
+
+
+def success_rate(psnr_values, threshold=25.0):
+    """Fraction of images with PSNR >= threshold (fix the threshold in advance), as a float."""
+    return float((torch.as_tensor(psnr_values) >= threshold).float().mean())
+
+
+def match_batch(rec, truth, cost=None):
+    """Hungarian matching: returns perm (LongTensor, len(truth)) so that rec[perm[i]] matches truth[i].
+
+    Cost is the pairwise per-image MSE unless `cost` (shape len(truth) × len(rec), e.g. LPIPS)
+    is given. len(rec) may exceed len(truth); surplus reconstructions are left unmatched.
+    """
+    if cost is None:
+        cost = torch.cdist(truth.flatten(1), rec.flatten(1)).pow(2) / truth[0].numel()
+    _, cols = linear_sum_assignment(np.asarray(torch.as_tensor(cost).detach().cpu(), dtype=np.float64))
+    return torch.as_tensor(cols, dtype=torch.long, device=rec.device)
+
+
+def matched_psnr(rec, truth, data_range=1.0):
+    """PSNR per ground-truth image after Hungarian matching on MSE, shape (len(truth),)."""
+    return psnr(rec[match_batch(rec, truth)], truth, data_range)
+
+
+def label_count_accuracy(pred_counts, true_counts):
+    """1 - ½·Σ_c|ĉ_c - c_c| / Σ_c c_c over the last (class) axis; 1 = the label multisets agree.
+
+    Returns a tensor over the leading axes (0-d for one count vector).
+    """
+    p, t = torch.as_tensor(pred_counts).double(), torch.as_tensor(true_counts).double()
+    return 1 - 0.5 * (p - t).abs().sum(-1) / t.sum(-1)
+
+
+__all__ = [
+    "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate",
+    "match_batch", "matched_psnr", "label_count_accuracy",
+]

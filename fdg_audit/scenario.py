@@ -1,0 +1,229 @@
+"""Scenario files: TOML -> typed, validated config; ``--set a.b=c`` overrides; sweep expansion.
+
+Unknown keys are errors that list the allowed keys. A scenario expands into runs:
+sweep variant x dataset x method x held-out target x seed.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .data import DataConfig
+from .errors import UserError
+from .federation import TrainParams
+from .models import ModelConfig
+
+
+@dataclass
+class DatasetEntry(DataConfig):
+    label: str = ""
+    targets: Any = "all"          # "all" or a list of domain names held out one at a time
+
+
+@dataclass
+class MethodEntry:
+    name: str
+    label: str = ""
+    params: dict = field(default_factory=dict)   # everything else in the [[methods]] table
+
+
+@dataclass
+class AttackEntry:
+    name: str
+    label: str = ""
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class Scenario:
+    name: str = "scenario"
+    seeds: list = field(default_factory=lambda: [0])
+    device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
+    engine: str = "local"         # local | process (one process per client; same ledger)
+    threads: int = 0              # torch threads; 0 = leave torch's default
+    out: str = "runs"
+    store: Any = "all"            # payload bytes kept: "all" | "none" | list of artifact kinds
+    report: bool = True
+    datasets: list = field(default_factory=list)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: dict = field(default_factory=dict)
+    methods: list = field(default_factory=list)
+    attacks: list = field(default_factory=list)
+    sweep: dict = field(default_factory=dict)
+
+
+def _names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def typed(cls, raw: dict, where: str):
+    """Build dataclass ``cls`` from ``raw``; unknown keys and wrong types are one-line errors."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a table, got {raw!r}")
+    allowed = _names(cls)
+    bad = [k for k in raw if k not in allowed]
+    if bad:
+        raise UserError(f"unknown key {where}.{bad[0]}: allowed keys are {', '.join(allowed)}")
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        v, default = raw[f.name], getattr(cls, f.name, None) if f.default is not dataclasses.MISSING else None
+        if f.type in ("Any", Any):
+            pass
+        elif isinstance(default, bool) and not isinstance(v, bool) or \
+                isinstance(default, (int, float)) and not isinstance(default, bool) and \
+                (isinstance(v, bool) or not isinstance(v, (int, float))) or \
+                isinstance(default, str) and not isinstance(v, str):
+            raise UserError(f"{where}.{f.name} = {v!r} has the wrong type: expected {type(default).__name__} "
+                            f"like the default {default!r}")
+        out[f.name] = float(v) if isinstance(default, float) and not isinstance(v, bool) else v
+    try:
+        return cls(**out)
+    except TypeError as e:
+        raise UserError(f"{where}: {e}") from None
+
+
+def parse_value(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_set(raw: dict, assignment: str) -> None:
+    """``a.b.c=value``; list tables (datasets, methods, attacks) are addressed by label or name."""
+    key, sep, text = assignment.partition("=")
+    if not sep:
+        raise UserError(f"--set {assignment!r}: write key=value, e.g. --set train.rounds=3")
+    parts, node, i = key.strip().split("."), raw, 0
+    while i < len(parts) - 1:
+        child = node.get(parts[i])
+        if isinstance(child, list):
+            hit = [t for t in child if isinstance(t, dict) and parts[i + 1] in (t.get("label"), t.get("name"))]
+            if not hit:
+                raise UserError(f"--set {key}: no entry {parts[i + 1]!r} in {parts[i]}; have "
+                                f"{[t.get('label') or t.get('name') for t in child]}")
+            node, i = hit[0], i + 2
+            continue
+        if child is None:
+            child = node[parts[i]] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"--set {key}: {parts[i]} is not a table")
+        node, i = child, i + 1
+    if i != len(parts) - 1:
+        raise UserError(f"--set {key}: name a key inside the entry, e.g. {key}.lr=0.1")
+    node[parts[-1]] = parse_value(text.strip())
+
+
+def _entries(cls, items, where: str) -> list:
+    out = []
+    for i, t in enumerate(items):
+        if not isinstance(t, dict) or "name" not in t:
+            raise UserError(f"{where}[{i}] needs a name, e.g. [[{where}]] name = \"fedavg\"")
+        fixed = {k: t[k] for k in ("name", "label") if k in t}
+        e = cls(**fixed, params={k: v for k, v in t.items() if k not in fixed})
+        e.label = e.label or e.name
+        out.append(e)
+    labels = [e.label for e in out]
+    if len(set(labels)) != len(labels):
+        raise UserError(f"two {where} entries share the label {labels}: give each a distinct label = \"...\"")
+    return out
+
+
+def load_raw(path: str | Path, sets: list[str] = ()) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"scenario file {path} not found: pass a TOML file, e.g. scenarios/quick.toml")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path} is not valid TOML: {e}") from None
+    if "data" in raw:  # a single [data] table is shorthand for one [[datasets]] entry
+        if "datasets" in raw:
+            raise UserError(f"{path}: use either [data] or [[datasets]], not both")
+        raw["datasets"] = [raw.pop("data")]
+    raw.setdefault("name", path.stem)
+    for s in sets:
+        apply_set(raw, s)
+    return raw
+
+
+def parse(raw: dict) -> Scenario:
+    raw = copy.deepcopy(raw)
+    sc = typed(Scenario, {k: v for k, v in raw.items() if k not in ("model", "datasets", "methods", "attacks")},
+               "scenario")
+    sc.model = typed(ModelConfig, raw.get("model", {}), "model")
+    ds = raw.get("datasets") or [{}]
+    sc.datasets = [typed(DatasetEntry, d, f"datasets[{i}]") for i, d in enumerate(ds)]
+    for d in sc.datasets:
+        d.label = d.label or (d.family if d.dataset in ("digits", "idx") else Path(d.root).name or d.dataset)
+    typed(TrainParams, sc.train, "train")
+    sc.methods = _entries(MethodEntry, raw.get("methods") or [{"name": "fedavg"}], "methods")
+    sc.attacks = _entries(AttackEntry, raw.get("attacks") or [], "attacks")
+    if sc.engine not in ("local", "process"):
+        raise UserError(f"engine = {sc.engine!r}: choose \"local\" or \"process\"")
+    if not isinstance(sc.seeds, list) or not all(isinstance(s, int) for s in sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r}: give a list of integers, e.g. seeds = [0, 1, 2]")
+    return sc
+
+
+def method_params(method, entry: MethodEntry, train: dict):
+    """The method's Params from [train] defaults overlaid by the [[methods]] entry."""
+    return typed(method.Params, {**train, **entry.params}, f"methods.{entry.label}")
+
+
+def variants(raw: dict) -> list[tuple[dict, dict]]:
+    """Expand [sweep] into (assignments, raw config) pairs; no sweep gives one variant."""
+    sweep = raw.get("sweep") or {}
+    for k, v in sweep.items():
+        if not isinstance(v, list) or not v:
+            raise UserError(f"sweep.{k} must be a non-empty list of values, e.g. [0.01, 0.1]")
+    keys = list(sweep)
+    out = []
+    for combo in itertools.product(*(sweep[k] for k in keys)):
+        r = copy.deepcopy(raw)
+        r.pop("sweep", None)
+        for k, v in zip(keys, combo):
+            apply_set(r, f"{k}={json.dumps(v) if not isinstance(v, str) else json.dumps(v)}")
+        out.append((dict(zip(keys, combo)), r))
+    return out
+
+
+def dump_toml(d: dict) -> str:
+    """A small TOML writer for the resolved config (tables, arrays of tables, scalars, lists)."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(str(k))} = {val(x)}" for k, x in v.items()) + "}"
+        return json.dumps(str(v))
+
+    def table(prefix, t, lines):
+        for k, v in t.items():
+            if not isinstance(v, dict) and not (isinstance(v, list) and v and all(isinstance(x, dict) for x in v)):
+                lines.append(f"{json.dumps(k) if '.' in k or ' ' in k else k} = {val(v)}")
+        for k, v in t.items():
+            name = f"{prefix}.{k}" if prefix else k
+            if isinstance(v, dict):
+                lines += ["", f"[{name}]"]
+                table(name, v, lines)
+            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                for x in v:
+                    lines += ["", f"[[{name}]]"]
+                    table(name, x, lines)
+    lines: list[str] = []
+    table("", d, lines)
+    return "\n".join(lines) + "\n"

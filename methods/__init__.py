@@ -1,0 +1,1 @@
+"""Built-in FedDG methods; each module is one method (Params, Server, Client)."""

@@ -1,0 +1,69 @@
+"""FedAvg (McMahan et al. 2017): the baseline every FedDG method extends.
+
+Protocol (methods.md §1): once, each client reports its training-set size n_k (artifact ``n_samples``).
+Each round the server broadcasts the full global state (parameters and buffers), each client trains
+locally and uploads its full state, and the server averages every key with p_k = n_k / sum n.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fdg_audit.federation import Client, Reply, Server, TrainParams, load_arrays, state_arrays
+
+
+@dataclass
+class Params(TrainParams):
+    weighting: str = "n_samples"     # n_samples (paper, FedDG-GA code) | uniform (CCST, FedSR code)
+
+
+def weighted_average(states: list[dict], weights: list[float]) -> dict[str, torch.Tensor]:
+    """Average every key; integer buffers (num_batches_tracked) are averaged and rounded back."""
+    out = {}
+    for k in states[0]:
+        acc = sum(w * s[k].double() for s, w in zip(states, weights))
+        out[k] = acc.round().to(states[0][k].dtype) if not states[0][k].is_floating_point() else acc.to(states[0][k].dtype)
+    return out
+
+
+class FedAvgClient(Client):
+    def setup(self):
+        self.model = self.new_model()
+
+    def on_hello(self, msg):
+        return Reply("n_samples", scalars={"n": len(self.train.y)})
+
+    def local_update(self):
+        """Local training on the freshly loaded global state; methods override this."""
+        self.fit(self.model)
+
+    def on_train(self, msg):
+        load_arrays(self.model, msg.arrays)
+        self.local_update()
+        return Reply("weights", state_arrays(self.model))
+
+
+class FedAvgServer(Server):
+    def begin(self):
+        if self.params.weighting == "uniform":
+            self.weights = {c: 1 / len(self.clients) for c in self.clients}
+            return
+        n = {c: r["n"] for c, r in self.ask("hello").items()}
+        self.weights = {c: n[c] / sum(n.values()) for c in self.clients}
+
+    def aggregate(self, replies: dict) -> dict:
+        cs = list(replies)
+        return weighted_average([replies[c].arrays for c in cs], [self.weights[c] for c in cs])
+
+    def step(self, t):
+        replies = self.broadcast("train", "weights", state_arrays(self.model))
+        load_arrays(self.model, self.aggregate(replies))
+
+
+class FedAvg:
+    name = "fedavg"
+    Params = Params
+    Server = FedAvgServer
+    Client = FedAvgClient
+    kinds = ("n_samples", "weights")

@@ -1,0 +1,196 @@
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, load_data
+from fdg_audit.data.digits import lift, rotate
+from fdg_audit.data.idx import read_idx
+from fdg_audit.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def rotated():
+    return load_data(DataConfig())
+
+
+@pytest.fixture(scope="module")
+def appearance():
+    return load_data(DataConfig(family="appearance"))
+
+
+def all_ids(ds):
+    return np.concatenate([s.idx for d in ds.domains for s in (d.train, d.val)])
+
+
+def test_rotated_digits_shape_and_disjoint(rotated):
+    assert rotated.names == ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"]
+    assert (rotated.channels, rotated.size, rotated.num_classes) == (1, 28, 10)
+    ids = all_ids(rotated)
+    assert len(ids) == 1797 and len(np.unique(ids)) == 1797  # every digit used once, in exactly one domain
+    for d in rotated.domains:
+        n = len(d.train.y) + len(d.val.y)
+        assert abs(len(d.val.y) - 0.2 * n) <= 1
+        for s in (d.train, d.val):
+            assert s.x.shape == (len(s.y), 1, 28, 28) and s.x.dtype == torch.float32 and s.y.dtype == torch.int64
+            assert s.idx.dtype == np.int64 and s.x.min() >= 0 and s.x.max() <= 1
+        for c in range(10):  # stratified: each class gives about 20% of its images to val
+            n_c, v_c = int((d.train.y == c).sum() + (d.val.y == c).sum()), int((d.val.y == c).sum())
+            assert abs(v_c - 0.2 * n_c) <= 1.5, (d.name, c, n_c, v_c)
+
+
+def test_rotation_is_real(rotated):
+    from sklearn.datasets import load_digits
+    bunch = load_digits()
+    rot0 = rotated.domain("rot0").train
+    assert torch.equal(rot0.x, lift(bunch.images[rot0.idx]))
+    assert torch.equal(rot0.y, torch.as_tensor(bunch.target[rot0.idx], dtype=torch.int64))
+    x = rot0.x[:8]
+    assert (rotate(x, 45) - x).abs().amax(dim=(1, 2, 3)).min() > 0.3
+    assert torch.allclose(rotate(x, 90), torch.rot90(x, 1, (2, 3)), atol=1e-5)  # counter-clockwise
+    r45 = rotated.domain("rot45").train
+    assert torch.allclose(r45.x, rotate(lift(bunch.images[r45.idx]), 45))
+    assert torch.equal(rotate(x, 0), x)
+
+
+def test_appearance_domains_differ(appearance):
+    assert appearance.names == ["grey", "colour", "inverted", "texture", "lowcontrast"]
+    assert appearance.channels == 3 and len(np.unique(all_ids(appearance))) == 1797
+    stats = {}
+    for d in appearance.domains:
+        x = d.train.x
+        assert x.shape[1:] == (3, 28, 28) and x.min() >= 0 and x.max() <= 1
+        grad = (x[..., 1:] - x[..., :-1]).abs().mean()
+        stats[d.name] = torch.stack([x.mean(), x.std(), grad])
+    names = list(stats)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert (stats[a] - stats[b]).abs().max() > 0.05, (a, b)
+    assert stats["inverted"][0] > 0.7 > 0.3 > stats["grey"][0]
+    assert stats["lowcontrast"][1] < 0.1
+    colour = appearance.domain("colour").train.x
+    assert (colour[:, 0] - colour[:, 1]).abs().mean() > 0.1  # not grey
+    assert torch.equal(appearance.domain("grey").train.x[:, 0], appearance.domain("grey").train.x[:, 2])
+
+
+def test_determinism_and_seed(appearance):
+    again = load_data(DataConfig(family="appearance"))
+    for a, b in zip(appearance.domains, again.domains):
+        assert torch.equal(a.train.x, b.train.x) and np.array_equal(a.val.idx, b.val.idx)
+    other = load_data(DataConfig(family="appearance", split_seed=1, domains=["colour"]))
+    assert not np.array_equal(other.domains[0].train.idx, appearance.domain("colour").train.idx)
+
+
+def test_domain_subset_cap_and_errors():
+    ds = load_data(DataConfig(domains=["rot30", "rot0"], per_domain=20, val_fraction=0.25))
+    assert ds.names == ["rot30", "rot0"]
+    assert [(len(d.train.y), len(d.val.y)) for d in ds.domains] == [(15, 5), (15, 5)]
+    with pytest.raises(UserError, match="rot99.*rot0, rot15"):
+        load_data(DataConfig(domains=["rot99"]))
+    with pytest.raises(UserError, match="nope"):
+        ds.domain("nope")
+    with pytest.raises(UserError, match="digits, folder, idx"):
+        load_data(DataConfig(dataset="mnist"))
+    with pytest.raises(UserError, match="rotated, appearance"):
+        load_data(DataConfig(family="colour"))
+    with pytest.raises(UserError, match="val_fraction"):
+        load_data(DataConfig(val_fraction=1.0))
+
+
+def make_tree(root: Path, domains=("art", "photo"), classes=("dog", "cat")):
+    from PIL import Image
+    for di, d in enumerate(domains):
+        for ci, c in enumerate(classes):
+            (root / d / c).mkdir(parents=True)
+            for k in range(3):
+                colour = (40 * di + 10 * k, 200 * ci, 255 - 50 * k)
+                Image.new("RGB", (12 + k, 9), colour).save(root / d / c / f"img{k}.{'png' if k else 'jpg'}")
+
+
+def test_folder_loader(tmp_path):
+    make_tree(tmp_path)
+    (tmp_path / "photo" / "bird").mkdir()  # class folder only in one domain, no images
+    ds = load_data(DataConfig(dataset="folder", root=str(tmp_path), image_size=16, val_fraction=0.5))
+    assert ds.names == ["art", "photo"] and ds.num_classes == 3  # bird, cat, dog
+    assert (ds.channels, ds.size) == (3, 16)
+    ids = all_ids(ds)
+    assert len(ids) == 12 and len(np.unique(ids)) == 12
+    for d in ds.domains:
+        assert d.train.x.shape[1:] == (3, 16, 16) and len(d.train.y) == 3 and len(d.val.y) == 3
+        for s in (d.train, d.val):
+            for x, y in zip(s.x, s.y):
+                # green channel encodes the class: 0 for dog, 200 for cat; labels are sorted names (cat=1, dog=2)
+                assert int(y) == (1 if x[1].mean() > 0.5 else 2)
+            assert set(s.y.tolist()) == {1, 2}  # stratified
+    solo = load_data(DataConfig(dataset="folder", root=str(tmp_path), domains=["photo"], per_domain=4))
+    assert solo.names == ["photo"] and solo.num_classes == 3
+    assert set(all_ids(solo)) <= set(ds.domain("photo").train.idx) | set(ds.domain("photo").val.idx)
+
+
+def test_folder_errors(tmp_path):
+    missing = tmp_path / "PACS"
+    with pytest.raises(UserError, match=str(missing)):
+        load_data(DataConfig(dataset="folder", root=str(missing)))
+    make_tree(tmp_path / "t")
+    (tmp_path / "t" / "sketch" / "dog").mkdir(parents=True)
+    with pytest.raises(UserError, match="sketch"):
+        load_data(DataConfig(dataset="folder", root=str(tmp_path / "t")))
+    with pytest.raises(UserError, match="cartoon.*art, photo, sketch"):
+        load_data(DataConfig(dataset="folder", root=str(tmp_path / "t"), domains=["cartoon"]))
+    ok = load_data(DataConfig(dataset="folder", root=str(tmp_path / "t"), domains=["art"], image_size=8))
+    assert ok.names == ["art"]
+
+
+def write_idx(path: Path, array: np.ndarray, code: int = 0x08):
+    head = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    dtype = {0x08: ">u1", 0x0C: ">i4"}[code]
+    body = head + array.astype(dtype).tobytes()
+    path.write_bytes(gzip.compress(body) if path.suffix == ".gz" else body)
+
+
+def test_idx_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    n_train, n_test = 40, 20
+    imgs = rng.integers(0, 256, (n_train + n_test, 28, 28), dtype=np.uint8)
+    labs = rng.permutation(np.arange(n_train + n_test) % 4)
+    write_idx(tmp_path / "train-images-idx3-ubyte.gz", imgs[:n_train])
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", labs[:n_train])
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", imgs[n_train:])  # plain, not gzipped
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labs[n_train:])
+    assert np.array_equal(read_idx(tmp_path / "train-images-idx3-ubyte.gz"), imgs[:n_train])
+    wide = np.array([[1, -70000], [3, 4]])
+    write_idx(tmp_path / "wide.gz", wide, 0x0C)
+    assert np.array_equal(read_idx(tmp_path / "wide.gz"), wide)
+    ds = load_data(DataConfig(dataset="idx", root=str(tmp_path), per_domain=10, val_fraction=0.2))
+    assert ds.names[0] == "rot0" and len(ds.domains) == 6 and ds.num_classes == 4
+    ids = all_ids(ds)
+    assert len(ids) == 60 and len(np.unique(ids)) == 60
+    d0 = ds.domain("rot0")
+    assert torch.allclose(d0.train.x[:, 0], torch.as_tensor(imgs[d0.train.idx] / 255.0, dtype=torch.float32))
+    assert torch.equal(d0.train.y, torch.as_tensor(labs[d0.train.idx]))
+    d60 = ds.domain("rot60").val
+    assert torch.allclose(d60.x, rotate(torch.as_tensor(imgs[d60.idx] / 255.0, dtype=torch.float32)[:, None], 60))
+
+
+def test_idx_errors(tmp_path):
+    with pytest.raises(UserError, match=str(tmp_path / "train-images-idx3-ubyte") + ".*dataset-fashion-mnist"):
+        load_data(DataConfig(dataset="idx", root=str(tmp_path)))
+    (tmp_path / "bad.gz").write_bytes(gzip.compress(b"\x12\x34\x08\x01\x00\x00\x00\x05abcde"))
+    with pytest.raises(UserError, match="bad.gz"):
+        read_idx(tmp_path / "bad.gz")
+    (tmp_path / "short").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x05abc")
+    with pytest.raises(UserError, match="truncated"):
+        read_idx(tmp_path / "short")
+
+
+@pytest.mark.skipif(not (Path(FASHION_MNIST_ROOT) / "t10k-labels-idx1-ubyte.gz").is_file(),
+                    reason="Debian package dataset-fashion-mnist not installed")
+def test_fashion_mnist():
+    ds = load_data(DataConfig(dataset="idx", per_domain=50, domains=["rot0", "rot75"]))
+    assert ds.num_classes == 10 and ds.size == 28 and ds.names == ["rot0", "rot75"]
+    assert [len(d.train.y) + len(d.val.y) for d in ds.domains] == [50, 50]
+    assert float(ds.domain("rot0").train.x.mean()) > 0.1
+    assert len(np.unique(all_ids(ds))) == 100 and all_ids(ds).max() < 70000
