@@ -73,12 +73,21 @@ def test_weights_round_trip(tmp_path):
     loaded = build_model(ModelConfig(arch="cnn_small", weights=str(path)), 1, 10, 28)
     x = torch.rand(2, 1, 28, 28)
     assert torch.equal(loaded(x), src(x)) and not torch.allclose(fresh(x), src(x))
-    other_head = build_model(ModelConfig(arch="cnn_small", weights=str(path)), 1, 4, 28)  # new class count: head skipped
+    # a different class count: the head is skipped, the rest loads
+    other_head = build_model(ModelConfig(arch="cnn_small", weights=str(path)), 1, 4, 28)
     assert torch.equal(other_head.features(x), src.features(x))
     with pytest.raises(UserError, match="missing.pt"):
         build_model(ModelConfig(weights=str(tmp_path / "missing.pt")), 1, 10, 28)
     with pytest.raises(UserError, match="w.pt"):
         build_model(ModelConfig(arch="cnn_mnist", weights=str(path)), 1, 10, 28)
+    bn_path = tmp_path / "bn.pt"
+    torch.save(build_model(ModelConfig(norm="batch"), 1, 10, 28).state_dict(), bn_path)
+    with pytest.raises(UserError, match='bn.pt.*running_mean.*norm = "batch"'):
+        build_model(ModelConfig(weights=str(bn_path)), 1, 10, 28)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="bad.pt could not be read"):
+        build_model(ModelConfig(weights=str(bad)), 1, 10, 28)
 
 
 def test_resnet18_without_torchvision(monkeypatch):

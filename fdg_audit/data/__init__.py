@@ -80,7 +80,8 @@ def split_domain(name: str, x: torch.Tensor, y: np.ndarray, ids: np.ndarray, val
     by_rank = np.lexsort((rng.random(n), rank))
     n_val = int(round(val_fraction * n))
     if n - n_val < 1:
-        raise UserError(f"domain {name} has {n} images, none left for training: lower data.val_fraction or raise data.per_domain")
+        raise UserError(f"domain {name} has {n} images, none left for training: "
+                        f"lower data.val_fraction or raise data.per_domain")
     val, train = np.sort(by_rank[:n_val]), np.sort(by_rank[n_val:])
 
     def part(sel: np.ndarray) -> Split:

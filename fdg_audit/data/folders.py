@@ -23,7 +23,8 @@ def _subdirs(p: Path) -> list[str]:
 def scan(root: Path) -> tuple[list[str], list[str], dict[str, list[tuple[Path, str]]]]:
     """(domain names, class names, {domain: [(file, class name), ...]}) of an image tree."""
     if not root.is_dir():
-        raise UserError(f"data folder {root} not found: set data.root to the folder that holds one sub-folder per domain")
+        raise UserError(f"data folder {root} not found: "
+                        f"set data.root to the folder that holds one sub-folder per domain")
     domains = _subdirs(root)
     if not domains:
         raise UserError(f"data folder {root} has no domain sub-folders: set data.root to the folder that holds "
@@ -50,7 +51,8 @@ def read_image(path: Path, size: int) -> np.ndarray:
 def load_folder_domains(cfg: DataConfig) -> DomainSet:
     """The DomainSet of the image tree at cfg.root, resized to cfg.image_size squares."""
     if not cfg.root:
-        raise UserError("data.root is empty for dataset folder: set data.root to the folder that holds one sub-folder per domain")
+        raise UserError("data.root is empty for dataset folder: "
+                        "set data.root to the folder that holds one sub-folder per domain")
     root = Path(cfg.root).expanduser()
     found, classes, files = scan(root)
     wanted = select_domains(cfg, found, str(root))

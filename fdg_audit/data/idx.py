@@ -37,7 +37,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     dtype = np.dtype(IDX_DTYPES[raw[2]])
     body = raw[4 + 4 * ndim:]
     if len(body) != dtype.itemsize * int(np.prod(dims)):
-        raise UserError(f"IDX file {path} is truncated ({len(body)} data bytes for shape {dims}): replace it with an intact copy")
+        raise UserError(f"IDX file {path} is truncated ({len(body)} data bytes for shape {dims}): "
+                        f"replace it with an intact copy")
     return np.frombuffer(body, dtype=dtype).reshape(dims)
 
 
@@ -75,5 +76,6 @@ def load_idx_domains(cfg: DataConfig) -> DomainSet:
         i = names.index(name)
         ids = chunks[i]
         x = torch.as_tensor(images[ids].astype(np.float32) / scale).unsqueeze(1).clamp(0.0, 1.0)
-        domains.append(split_domain(name, rotate(x, ROTATED[name]), labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
+        x = rotate(x, ROTATED[name])
+        domains.append(split_domain(name, x, labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
     return DomainSet(f"{root.name}-rotated", domains, int(labels.max()) + 1, 1, int(images.shape[1]))

@@ -107,11 +107,13 @@ def load_weights(net: Net, path: str | Path, arch: str) -> None:
     """Load a local state_dict into net; a head of the wrong class count is skipped (kept at random init)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UserError(f"weights file {path} not found: set model.weights to a local state_dict file or leave it empty")
+        raise UserError(f"weights file {path} not found: "
+                        f"set model.weights to a local state_dict file or leave it empty")
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise UserError(f"weights file {path} could not be read ({e}): save it with torch.save(model.state_dict(), path)") from None
+        raise UserError(f"weights file {path} could not be read ({e}): "
+                        f"save it with torch.save(model.state_dict(), path)") from None
     if not isinstance(sd, dict):
         raise UserError(f"weights file {path} holds a {type(sd).__name__}, not a state_dict: save model.state_dict()")
     if arch == "resnet18":
@@ -122,7 +124,8 @@ def load_weights(net: Net, path: str | Path, arch: str) -> None:
     missing = [k for k in own if k not in sd and not k.startswith("head.")]
     unexpected = [k for k in sd if k not in own]
     if bad or missing or unexpected:
-        hint = " (a BatchNorm checkpoint needs model.norm = \"batch\")" if any("running_" in k for k in unexpected) else ""
+        bn = any("running_" in k for k in unexpected)
+        hint = " (a BatchNorm checkpoint needs model.norm = \"batch\")" if bn else ""
         raise UserError(f"weights file {path} does not fit {arch} (shape mismatch: {bad[:3]}, missing: {missing[:3]}, "
                         f"unexpected: {unexpected[:3]}): use a state_dict saved from the same arch/norm/channels{hint}")
     net.load_state_dict(sd, strict=False)
