@@ -67,6 +67,7 @@ class Scores:
     round: int
     scores: np.ndarray
     variant: str = ""
+    victims: list | None = None   # set by the harness when it pools several victims' scores (in this order)
 
 
 @dataclass
@@ -95,12 +96,22 @@ class Estimate:
 
 
 @dataclass
+class Skipped:
+    """A victim's artifact the attack could not use, with the reason (one ``skipped`` row in leakage.csv)."""
+    victim: str
+    artifact: str
+    round: int
+    reason: str
+    variant: str = ""
+
+
+@dataclass
 class Control:
     name: str
     metric: str
     value: float
     threshold: float
-    positive: bool = True         # positive: must reach threshold; negative: must stay below it
+    positive: bool = True         # positive: must reach threshold; negative: must stay at or below it
 
     @property
     def passed(self) -> bool:
@@ -183,6 +194,33 @@ class Aux:
     domains: list = field(default_factory=list)
 
 
+def federate(method: str, params, model_cfg, clients: dict[str, tuple[Split, Split]], num_classes: int,
+             seed: int = 0, device="cpu", run_id: str = "shadow") -> AdversaryView:
+    """Run a protocol on data the attacker chose and return the server's view of that run.
+
+    ``clients[name] = (train, val)``: one client per entry (named like the observed clients when the run is to
+    mirror them); ``params`` is the method's Params or its dict (``view.params``). The run goes through the
+    same engine as every recorded run (``run_federation``), with a ``MemoryLedger``; the harness evaluates it
+    on the pooled validation splits. For reference/shadow models (membership inference, property inference)."""
+    from .data import DataConfig, Domain, DomainSet
+    from .federation import RunSpec, run_federation
+    from .ledger import MemoryLedger
+    from .plugins import load_method
+    m = load_method(method)
+    params = m.Params(**params) if isinstance(params, dict) else params
+    x0 = next(iter(clients.values()))[0].x
+    ev = Split(torch.cat([v.x for _, v in clients.values()]), torch.cat([v.y for _, v in clients.values()]),
+               np.concatenate([v.idx for _, v in clients.values()]))
+    data = DomainSet("attacker", [Domain(c, tr, va) for c, (tr, va) in clients.items()] + [Domain("_eval", ev, ev)],
+                     num_classes, x0.shape[1], x0.shape[-1])
+    spec = RunSpec(run_id, method, params, DataConfig(), model_cfg, "_eval", seed, str(device))
+    ledger = MemoryLedger()
+    res = run_federation(spec, ledger, data)
+    run = dict(run_id=run_id, plugin=method, params=dataclasses.asdict(params), model_cfg=model_cfg,
+               shape=(x0.shape[1], x0.shape[-1], num_classes), clients=res["clients"])
+    return AdversaryView(ledger, run, "server", "server", torch.device(device))
+
+
 # ------------------------------------------------------------------------------------------- truth + scoring
 
 class Truth:
@@ -232,10 +270,10 @@ def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
             mi = rng.choice(len(d.train.y), n, replace=False)
             x = torch.cat([d.train.x[mi], d.val.x[:n]])
             y = torch.cat([d.train.y[mi], d.val.y[:n]])
-            idx = np.concatenate([d.train.idx[mi], d.val.idx[:n]])
             lab = np.r_[np.ones(n), np.zeros(n)]
             p = rng.permutation(2 * n)
-            aux.candidates[d.name] = Split(x[p], y[p], idx[p])
+            # ids are positions in the pool: global image ids would reveal the train/val split (membership)
+            aux.candidates[d.name] = Split(x[p], y[p], np.arange(2 * n))
             members[d.name] = lab[p]
     return aux, members
 
@@ -261,13 +299,15 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
         bs = M.aligned_psnr(base.cpu().float(), x) if out.aligned else M.psnr(base.cpu().float(), x)
         add("psnr", ps.mean(), bs.mean())
         add("psnr_max", ps.max(), bs.max())
-        add("ssim", M.ssim(M.aligned(r, x) if out.aligned else r, x).mean(), M.ssim(base.cpu().float(), x).mean())
+        b = base.cpu().float()
+        add("ssim", M.ssim(M.aligned(r, x) if out.aligned else r, x).mean(),
+            M.ssim(M.aligned(b, x) if out.aligned else b, x).mean())
         add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0))
         out.scored = (x, r, base)
     elif isinstance(out, Scores):
-        lab = members[out.victim]
+        lab = np.concatenate([members[v] for v in out.victims]) if out.victims else members[out.victim]
         add("auc", M.auc(out.scores, lab), 0.5)
-        for f in (0.01, 0.001):
+        for f in (0.01, 0.001, 0.0):
             add(f"tpr@{f:g}fpr", M.tpr_at_fpr(out.scores, lab, f), f)
     elif isinstance(out, Predictions):
         rec = truth.record(out.victim, out.truth)
@@ -335,9 +375,9 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
     for label, atk in attacks:
         if atk.adversary not in ADVERSARIES:
             raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
-        ok = True
-        for c in atk.control():
-            ok &= c.passed or not c.positive
+        ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
+        for c in atk.control():   # there is none) makes every number of this attack "not measurable"
+            ok &= c.passed
             controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
         for run_id, run in runs.items():
             me = {"server": "server", "eavesdropper": "eavesdropper"}.get(atk.adversary) or \
@@ -350,19 +390,54 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
             if not quiet and sys.stderr.isatty():
                 sys.stderr.write(f"\rattack {label} on {run_id} ...")
             outs = atk.run(view, aux)
+            status = "ok" if ok else "not measurable (control failed)"
+            row = lambda o, victim, r: dict(  # noqa: E731
+                {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
+                attack=label, adversary=me, artifact=o.artifact, round=o.round, victim=victim,
+                output=getattr(o, "variant", ""), status=status, **r)
             for o in outs:
+                if isinstance(o, Skipped):
+                    rows.append(row(o, o.victim, dict(metric="skipped", value=float("nan"), baseline=float("nan")))
+                                | {"status": f"skipped: {o.reason}"})
+                    continue
                 for r in score(o, truth, members, aux):
-                    rows.append(dict({k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")},
-                                     run=run_id, attack=label, adversary=me, artifact=o.artifact, round=o.round,
-                                     victim=o.victim, output=getattr(o, "variant", ""),
-                                     status="ok" if ok else "not measurable (control failed)", **r))
+                    rows.append(row(o, o.victim, r))
                 if isinstance(o, Reconstruction) and hasattr(o, "scored"):
                     _save_grid(root, label, run_id, o)
+            for o in _pooled(outs):   # membership scores pooled over victims (resolves lower FPRs)
+                rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
+            _save_scores(root, label, run_id, outs, members)
     _write_rows(root / "leakage.csv", rows, LEAK_FIELDS)
     atomic_write(root / "controls.json", json.dumps(controls, indent=1))
     if not quiet and sys.stderr.isatty():
         sys.stderr.write("\n")
     return root / "leakage.csv"
+
+
+def _pooled(outs: list) -> list:
+    """One Scores per (artifact, round, variant) concatenating every victim's, when there are several victims."""
+    groups: dict = {}
+    for o in outs:
+        if isinstance(o, Scores):
+            groups.setdefault((o.artifact, o.round, o.variant), []).append(o)
+    return [Scores("pooled", a, r, np.concatenate([np.asarray(o.scores) for o in g]), v,
+                   victims=[o.victim for o in g]) for (a, r, v), g in groups.items() if len(g) > 1]
+
+
+def _save_scores(root: Path, label: str, run_id: str, outs: list, members: dict) -> None:
+    """Raw membership scores for ROC plots and pooling across runs: ``mia/<attack>/<run>.npz`` with one entry
+    per candidate: ``score`` (float64, higher = member), ``member`` (int8 truth), ``victim``, ``variant`` (str),
+    ``round`` (int64); select one attack output with ``variant == v`` (and ``victim``)."""
+    outs = [o for o in outs if isinstance(o, Scores) and not o.victims]
+    if not outs:
+        return
+    rep = lambda f: np.concatenate([np.repeat(f(o), len(o.scores)) for o in outs])  # noqa: E731
+    buf = io.BytesIO()
+    np.savez_compressed(buf, score=np.concatenate([np.asarray(o.scores, np.float64) for o in outs]),
+                        member=np.concatenate([members[o.victim] for o in outs]).astype(np.int8),
+                        victim=rep(lambda o: o.victim), variant=rep(lambda o: o.variant),
+                        round=rep(lambda o: o.round).astype(np.int64))
+    atomic_write(root / "mia" / label / (run_id.replace("/", "__") + ".npz"), buf.getvalue())
 
 
 def _save_grid(root: Path, label: str, run_id: str, o: Reconstruction, n: int = 8) -> None:

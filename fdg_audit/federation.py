@@ -243,23 +243,29 @@ class LocalLink(_Link):
 
 def _worker(conn, spec):
     """Entry point of a client process: builds the client from its spec, then answers messages."""
-    torch.set_num_threads(spec.pop("threads"))
-    from .plugins import load_method
-    method = load_method(spec.pop("method"))
-    data = load_data(spec.pop("data_cfg"))
-    ctx = spec
-    ctx["domain"] = data.domain(ctx.pop("domain_name"))
-    sink = ctx.pop("truth_fn")
-    ctx["truth_sink"] = (lambda cid, name, arrs: conn.send(("truth", cid, name, arrs))) if sink else None
-    client = method.Client(ctx)
-    bus = Bus(None, "", "", filters=ctx.get("filters"))
+    try:
+        torch.set_num_threads(spec.pop("threads"))
+        from .plugins import load_method
+        method = load_method(spec.pop("method"))
+        ctx = dict(spec)
+        ctx["domain"] = load_data(ctx.pop("data_cfg")).domain(ctx.pop("domain_name"))
+        sink = ctx.pop("truth_fn")
+        ctx["truth_sink"] = (lambda cid, name, arrs: conn.send(("truth", cid, name, arrs))) if sink else None
+        client = method.Client(ctx)
+        bus = Bus(None, "", "", filters=ctx.get("filters"))
+        failure = None
+    except Exception as e:  # reported on the first message, with the client named by the parent
+        failure = f"could not start: {type(e).__name__}: {e}"
     while True:
         msg = conn.recv()
         if msg is None:
             break
+        if failure:
+            conn.send(("error", failure))
+            continue
         try:
             conn.send(("reply", _client_reply(client, bus, *msg)))
-        except Exception as e:  # report to the parent, which re-raises with the client named
+        except Exception as e:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
@@ -340,6 +346,9 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     the best source-validation accuracy (DomainBed's training-domain validation), never the best target."""
     from .plugins import load_method
     method = load_method(spec.method)
+    if truth_sink is not None:  # truth_sink(run_id, client, name, arrays); a client knows only its own id
+        run_sink = truth_sink
+        truth_sink = lambda cid, name, arrs: run_sink(spec.run_id, cid, name, arrs)  # noqa: E731
     data = data or load_data(spec.data_cfg)
     target = data.domain(spec.target)
     sources = [d for d in data.domains if d.name != target.name]

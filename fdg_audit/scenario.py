@@ -145,13 +145,15 @@ def load_raw(path: str | Path, sets: list[str] = ()) -> dict:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path} is not valid TOML: {e}") from None
+    if "data" in raw and "datasets" in raw:
+        raise UserError(f"{path}: use either [data] or [[datasets]], not both")
+    for s in sets:
+        if s.startswith("data.") and "datasets" in raw:
+            raise UserError(f"--set {s}: this scenario lists [[datasets]]; address one as datasets.<label>.<key>")
+        apply_set(raw, s)
     if "data" in raw:  # a single [data] table is shorthand for one [[datasets]] entry
-        if "datasets" in raw:
-            raise UserError(f"{path}: use either [data] or [[datasets]], not both")
         raw["datasets"] = [raw.pop("data")]
     raw.setdefault("name", path.stem)
-    for s in sets:
-        apply_set(raw, s)
     return raw
 
 

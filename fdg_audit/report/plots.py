@@ -1,0 +1,320 @@
+"""The report's figures (matplotlib, Agg, no pyplot state). Each function writes PNGs into ``out`` and returns
+their file names; every figure states its units, the number of seeds and what the baseline is."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .. import metrics as M
+from . import tables as T
+
+DPI = 110
+
+
+def _fig(w, h):
+    fig = Figure(figsize=(w, h), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, out: Path, name: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / name, bbox_inches="tight")
+    return name
+
+
+def colors(res: T.Results) -> dict:
+    import matplotlib
+    cmap = matplotlib.colormaps["tab10" if len(res.groups()) <= 10 else "tab20"]
+    return {g: cmap(i % cmap.N) for i, g in enumerate(res.groups())}
+
+
+def _seeds(rows) -> str:
+    n = sorted({len(r["seeds"]) for r in rows})
+    return f"{n[0]} seed{'s' * (n[0] != 1)}" if len(n) == 1 else f"{n[0]}–{n[-1]} seeds"
+
+
+def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
+    """Grouped bars per dataset: held-out accuracy per target and mean over targets, std over seeds."""
+    files, col = [], colors(res)
+    for ds in dict.fromkeys(r["dataset"] for r in acc):
+        rows = [r for r in acc if r["dataset"] == ds]
+        targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
+        xs = targets + ["mean over targets"]
+        width = 0.8 / len(rows)
+        fig = _fig(max(6.0, 0.9 + len(xs) * (0.35 + 0.18 * len(rows))), 4.2)
+        ax = fig.subplots()
+        for i, r in enumerate(rows):
+            cells = [r["targets"].get(t, T.stat([])) for t in targets] + [r["mean"]]
+            x = np.arange(len(xs)) + (i - (len(rows) - 1) / 2) * width
+            ax.bar(x, [c["mean"] for c in cells], width, color=col[r["key"]], label=res.label(r["key"]),
+                   yerr=[0 if math.isnan(c["std"]) else c["std"] for c in cells], capsize=2,
+                   error_kw=dict(lw=0.8))
+        k = {r["num_classes"] for r in rows if r.get("num_classes")}
+        if len(k) == 1:
+            ax.axhline(1 / k.pop(), color="k", ls="--", lw=1, label="chance (1/classes)")
+        ax.set_xticks(range(len(xs)), xs)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("held-out-domain accuracy (fraction correct)")
+        ax.set_xlabel("held-out (target) domain")
+        ax.set_title(f"{ds}: accuracy on the unseen domain at the round chosen on source validation\n"
+                     f"bars: mean over {_seeds(rows)}, error bars: std over seeds", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        files.append(_save(fig, out, f"accuracy_{T.slug(ds)}.png"))
+    return files
+
+
+def sweep(res: T.Results, acc: list[dict], out: Path) -> list[str]:
+    """Mean-over-targets accuracy against each numeric sweep parameter, one line per method (and the
+    values of the other sweep parameters)."""
+    files, keys = [], T.sweep_keys(res)
+    for ds in dict.fromkeys(r["dataset"] for r in acc):
+        rows = [r for r in acc if r["dataset"] == ds]
+        for key in keys:
+            vals = {r["sweep"].get(key) for r in rows}
+            if len(vals) < 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                continue
+            lines = defaultdict(list)
+            for r in rows:
+                rest = ",".join(f"{k.split('.')[-1]}={v}" for k, v in r["sweep"].items() if k != key)
+                lines[r["method"] + (f" [{rest}]" if rest else "")].append(r)
+            fig = _fig(6.4, 4.0)
+            ax = fig.subplots()
+            for name, rs in lines.items():
+                rs = sorted(rs, key=lambda r: r["sweep"][key])
+                ax.errorbar([r["sweep"][key] for r in rs], [r["mean"]["mean"] for r in rs], marker="o", capsize=3,
+                            yerr=[0 if math.isnan(r["mean"]["std"]) else r["mean"]["std"] for r in rs], label=name)
+            pos = [v for v in vals if v > 0]
+            if len(pos) == len(vals) and max(pos) / min(pos) >= 100:
+                ax.set_xscale("log")
+            k = {r["num_classes"] for r in rows if r.get("num_classes")}
+            if len(k) == 1:
+                ax.axhline(1 / k.pop(), color="k", ls="--", lw=1, label="chance (1/classes)")
+            ax.set_xlabel(f"sweep parameter {key}")
+            ax.set_ylabel("held-out accuracy, mean over targets")
+            ax.set_title(f"{ds}: accuracy vs {key}; mean ± std over {_seeds(rows)}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8, frameon=False)
+            files.append(_save(fig, out, f"sweep_{T.slug(ds)}_{T.slug(key)}.png"))
+    return files
+
+
+def pareto(res: T.Results, acc: list[dict], out: Path) -> list[tuple[str, str]]:
+    """Accuracy against the strongest leakage, one figure per (dataset, metric), Pareto front marked.
+    Returns (metric, file) pairs."""
+    files, col = [], colors(res)
+    accs = {r["key"]: r for r in acc}
+    metrics = list(dict.fromkeys(r["metric"] for r in res.leakage))
+    datasets = list(dict.fromkeys(g[0] for g in res.groups()))
+    for metric in metrics:
+        leak = T.method_leakage(res, metric)
+        mi = T.info(metric)
+        for ds in datasets:
+            gs = [g for g in leak if g[0] == ds and g in accs and accs[g]["mean"]["n"]]
+            if not gs:
+                continue
+            pts = [(leak[g]["value"]["mean"], accs[g]["mean"]["mean"]) for g in gs]
+            front = T.pareto_front(pts, mi.higher)
+            fig = _fig(6.8, 4.6)
+            ax = fig.subplots()
+            for g, (x, y), on in zip(gs, pts, front):
+                lv, a = leak[g]["value"], accs[g]["mean"]
+                ax.errorbar(x, y, xerr=0 if math.isnan(lv["std"]) else lv["std"],
+                            yerr=0 if math.isnan(a["std"]) else a["std"], fmt="o", ms=8 if on else 6,
+                            color=col[g], mec="k" if on else col[g], mew=1.5, capsize=2, label=res.label(g))
+                b = leak[g]["baseline"]["mean"]
+                if not math.isnan(b):
+                    ax.plot([b, x], [y, y], color=col[g], lw=0.7, ls=":")
+                    ax.plot(b, y, "x", color="0.35", ms=7)
+            order = sorted((p for p, on in zip(pts, front) if on), key=lambda p: p[0])
+            ax.plot([p[0] for p in order], [p[1] for p in order], "k-", lw=1.2, alpha=0.6,
+                    label="Pareto front (black-edged points)")
+            ax.plot([], [], "x", color="0.35", label="attack's trivial baseline (same run)")
+            unit = f" ({mi.unit})" if mi.unit else ""
+            more = "→ more leakage" if mi.higher else "← more leakage (lower error)"
+            ax.set_xlabel(f"{metric}{unit}: strongest over attacks, artifacts, victims, rounds   {more}")
+            ax.set_ylabel("held-out accuracy, mean over targets")
+            ns = _seeds([accs[g] for g in gs])
+            ax.set_title(f"{ds}: accuracy vs leakage ({metric}); mean ± std over {ns}\n"
+                         f"{mi.text}; x = attack's trivial baseline", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+            files.append((metric, _save(fig, out, f"pareto_{T.slug(ds)}_{T.slug(metric)}.png")))
+    return files
+
+
+def bytes_per_round(res: T.Results, by: dict, out: Path) -> list[str]:
+    """Horizontal stacked bars: one-time (round 0) and per-round bytes per run, by artifact kind and
+    direction."""
+    if not by:
+        return []
+    import matplotlib
+    gs = list(by)
+    parts = list(dict.fromkeys(k for g in gs for k in by[g]["kinds"]))
+    kinds = list(dict.fromkeys(k for k, _ in parts))
+    cmap = matplotlib.colormaps["tab10" if len(kinds) <= 10 else "tab20"]
+    kc = {k: cmap(i % cmap.N) for i, k in enumerate(kinds)}
+    hatch = {"up": "", "down": "///", "peer": ".."}
+    fig = _fig(11, 1.6 + 0.45 * len(gs))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, field, title in ((axes[0], "once", "one-time set-up (round 0)"),
+                             (axes[1], "per_round", "per training round (mean over rounds 1..T)")):
+        left = np.zeros(len(gs))
+        for part in parts:
+            v = np.array([by[g]["kinds"].get(part, {}).get(field, 0.0) for g in gs]) / 1e6
+            if not v.any():
+                continue
+            ax.barh(range(len(gs)), v, left=left, color=kc[part[0]], hatch=hatch[part[1]], edgecolor="white",
+                    lw=0.5)
+            left += v
+        for i, x in enumerate(left):
+            ax.text(x, i, f" {T.human_bytes(x * 1e6)}", va="center", fontsize=8)
+        ax.set_xlim(0, max(left.max(), 1e-9) * 1.3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("MB (10⁶ bytes) per run, encoded on the wire")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(gs)), [res.label(g) for g in gs])
+    axes[0].invert_yaxis()
+    from matplotlib.patches import Patch
+    handles = [Patch(color=kc[k], label=k) for k in kinds] + \
+        [Patch(facecolor="white", edgecolor="0.3", hatch=hatch[d], label=f"{T.ARROW[d]} {d}")
+         for d in dict.fromkeys(d for _, d in parts)]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(6, len(handles)),
+               fontsize=8, frameon=False)
+    n = sorted({by[g]["runs"] for g in gs})
+    fig.suptitle(f"Bytes sent per run by artifact kind (↑ client→server, ↓ server→client); mean over "
+                 f"{n[0] if len(n) == 1 else f'{n[0]}–{n[-1]}'} runs per method; no baseline (raw bus bytes)",
+                 fontsize=10)
+    return [_save(fig, out, "bytes.png")]
+
+
+def privacy(res: T.Results, acc: list[dict], eps: dict, out: Path) -> list[str]:
+    """ε (from privacy.csv) against mean held-out accuracy; methods without DP as horizontal lines."""
+    if not eps:
+        return []
+    col, accs = colors(res), {r["key"]: r for r in acc}
+    fig = _fig(6.6, 4.2)
+    ax = fig.subplots()
+    for g, r in accs.items():
+        if not r["mean"]["n"]:
+            continue
+        a = r["mean"]
+        if g in eps:
+            e = eps[g]["epsilon"]
+            ax.errorbar(e["mean"], a["mean"], yerr=0 if math.isnan(a["std"]) else a["std"], fmt="o", capsize=3,
+                        color=col[g], label=f"{res.label(g)} (δ={eps[g]['delta']:.0e})")
+        else:
+            ax.axhline(a["mean"], color=col[g], ls="--", lw=1, label=f"{res.label(g)}: no DP (ε = ∞)")
+    e = [v["epsilon"]["mean"] for v in eps.values() if math.isfinite(v["epsilon"]["mean"])]
+    if e and min(e) > 0 and max(e) / min(e) >= 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("ε spent by the end of training (privacy.csv; lower = more private)")
+    ax.set_ylabel("held-out accuracy, mean over targets")
+    ax.set_title(f"Privacy vs accuracy; mean ± std over {_seeds(list(accs.values()))}\n"
+                 "baseline: the same methods without DP (dashed)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return [_save(fig, out, "privacy_eps_accuracy.png")]
+
+
+def roc(res: T.Results, out: Path) -> list[str]:
+    """Log-log ROC per membership attack; scores pooled over each group's runs and victims."""
+    files, col = [], colors(res)
+    gof = res.group_of()
+    for attack in dict.fromkeys(m["attack"] for m in res.mia):
+        pooled = defaultdict(lambda: ([], [], set()))
+        for m in res.mia:
+            if m["attack"] == attack and m["run"] in gof:
+                with np.load(m["path"]) as z:
+                    s, y, runs = pooled[(gof[m["run"]], m["variant"])]
+                    s.append(z["scores"].ravel())
+                    y.append(z["labels"].ravel())
+                    runs.add((m["run"], m["victim"]))
+        if not pooled:
+            continue
+        fig = _fig(6.4, 5.0)
+        ax = fig.subplots()
+        lo = 1.0
+        for (g, var), (s, y, runs) in pooled.items():
+            s, y = np.concatenate(s), np.concatenate(y).astype(int)
+            if y.min() == y.max():
+                continue
+            fpr, tpr, _ = M.roc(s, y)
+            n0 = int((y == 0).sum())
+            lo = min(lo, 1 / n0)
+            t1 = M.tpr_at_fpr(s, y, 0.01)
+            name = res.label(g) + ("" if var == "main" else f" ({var})")
+            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g],
+                    label=f"{name}: AUC {M.auc(s, y):.3f}, TPR@1%FPR "
+                          f"{'n/a' if math.isnan(t1) else f'{t1:.3f}'} ({len(runs)} models×victims, {n0} non-members)")
+        ax.plot([lo / 2, 1], [lo / 2, 1], "k--", lw=1, label="random guess (TPR = FPR)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo / 2, 1)
+        ax.set_ylim(lo / 2, 1.05)
+        ax.set_xlabel("false positive rate (log)")
+        ax.set_ylabel("true positive rate (log)")
+        ax.set_title(f"{attack}: membership ROC, scores pooled over runs (targets × seeds) and victims\n"
+                     "FPR below 1/non-members is not resolvable (clipped)", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
+        files.append(_save(fig, out, f"roc_{T.slug(attack)}.png"))
+    return files
+
+
+def _show(ax, img):
+    img = np.clip(np.asarray(img, dtype=float), 0, 1)
+    if img.shape[0] == 1:
+        ax.imshow(img[0], cmap="gray", vmin=0, vmax=1)
+    else:
+        ax.imshow(np.moveaxis(img[:3], 0, -1))
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
+    """One grid per reconstruction attack: per group its first saved example, rows truth / attack /
+    baseline, with the example's PSNR from leakage.csv in the block title."""
+    files = []
+    gof = res.group_of()
+    psnr = {(r["attack"], r["run"], r["victim"], r.get("output") or "main"): r for r in res.leakage
+            if r["metric"] == "psnr"}
+    for attack in dict.fromkeys(m["attack"] for m in res.recon):
+        pick = {}
+        for m in sorted((m for m in res.recon if m["attack"] == attack and m["run"] in gof),
+                        key=lambda m: (m["run"], m["victim"], m["variant"])):
+            pick.setdefault((gof[m["run"]], m["variant"]), m)
+        if not pick:
+            continue
+        blocks = []
+        for (g, var), m in pick.items():
+            with np.load(m["path"]) as z:
+                blocks.append((g, var, m, z["truth"][:n], z["recon"][:n], z["baseline"][:n]))
+        cols = max(len(b[3]) for b in blocks)
+        fig = _fig(1.0 * cols + 1.2, 3.4 * len(blocks))
+        sub = fig.subfigures(len(blocks), 1, squeeze=False)[:, 0]
+        for sf, (g, var, m, x, r, b) in zip(sub, blocks):
+            axes = sf.subplots(3, cols, squeeze=False)
+            for j in range(cols):
+                for i, arr in enumerate((x, r, b)):
+                    if j < len(arr):
+                        _show(axes[i, j], arr[j])
+                    else:
+                        axes[i, j].axis("off")
+            for i, name in enumerate(("truth", "attack", "baseline")):
+                axes[i, 0].set_ylabel(name, fontsize=9)
+            p = psnr.get((attack, m["run"], m["victim"], var))
+            score = "" if p is None else f"\nmean PSNR {p['value']:.1f} dB vs baseline {p['baseline']:.1f} dB"
+            name = res.label(g) + ("" if var == "main" else f" ({var})")
+            sf.suptitle(f"{name}: run {m['run']}, victim {m['victim']}{score}", fontsize=9)
+        fig.suptitle(f"{attack}: reconstructions (row 2) of the victim's images (row 1); row 3: the attack's "
+                     f"trivial baseline\npixels in [0, 1]; one example run per method (seed and target in the "
+                     f"caption)", fontsize=10, y=1.0 + 0.25 / len(blocks))
+        files.append(_save(fig, out, f"recon_{T.slug(attack)}.png"))
+    return files

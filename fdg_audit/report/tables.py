@@ -1,0 +1,380 @@
+"""Load run folders and turn them into the report's tables (plain Python + NumPy, no plotting).
+
+Definitions used everywhere in the report:
+  * a *group* is one (dataset, method label, sweep variant); its runs differ by held-out target and seed;
+  * held-out accuracy is ``target_acc`` of summary.json: the target-domain accuracy at the round selected on
+    the pooled source-validation splits (never the best round on the target);
+  * per target: mean ± sample std (ddof=1) over seeds; "mean over targets": for each seed the mean over the
+    targets, then mean ± std over the seeds that have every target (DomainBed's convention);
+  * strongest leakage: per run, the strongest value over victims, rounds (and, where stated, attacks and
+    artifacts); then mean ± std over runs (targets x seeds). "Strongest" is the largest value except for
+    error metrics (``METRICS[..].higher``), where the smallest error is the strongest attack;
+  * bytes: encoded wire bytes from messages.jsonl; round 0 is the one-time set-up, "per round" is the mean
+    over the training rounds 1..T; both per run, averaged over the group's runs.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+
+
+@dataclass
+class MetricInfo:
+    unit: str = ""
+    higher: bool = True      # a larger value means a stronger attack (more leakage)
+    text: str = ""
+
+
+METRICS = {
+    "psnr": MetricInfo("dB", True, "mean PSNR of the reconstructions against the true images"),
+    "psnr_max": MetricInfo("dB", True, "best single-image PSNR"),
+    "ssim": MetricInfo("", True, "mean SSIM (Gaussian window 11x11, sigma 1.5)"),
+    "success@25dB": MetricInfo("fraction", True, "fraction of images reconstructed at PSNR >= 25 dB"),
+    "auc": MetricInfo("", True, "membership ROC AUC"),
+    "tpr@0.01fpr": MetricInfo("fraction", True, "membership TPR at 1% FPR"),
+    "tpr@0.001fpr": MetricInfo("fraction", True, "membership TPR at 0.1% FPR"),
+    "class_balanced_acc": MetricInfo("fraction", True, "balanced accuracy of the inferred class"),
+    "domain_balanced_acc": MetricInfo("fraction", True, "balanced accuracy of the inferred source domain"),
+    "label_count_acc": MetricInfo("fraction", True, "label-count accuracy (multiset overlap)"),
+    "label_existence_f1": MetricInfo("", True, "F1 of which labels a client holds"),
+    "n_samples_rel_error": MetricInfo("fraction", False, "relative error of the estimated dataset size"),
+}
+# the one metric per attack target shown in the terminal headline, in order of preference
+PRIMARY = ["psnr", "auc", "class_balanced_acc", "domain_balanced_acc", "label_count_acc", "n_samples_rel_error"]
+
+
+def info(metric: str) -> MetricInfo:
+    if metric in METRICS:
+        return METRICS[metric]
+    low = any(s in metric.lower() for s in ("error", "mse", "lpips", "distance"))
+    return MetricInfo("", not low, metric)
+
+
+def stronger(metric: str, a: float, b: float) -> bool:
+    """Whether value ``a`` is a stronger attack result than ``b`` (NaN is never stronger)."""
+    if math.isnan(a):
+        return False
+    if math.isnan(b):
+        return True
+    return a > b if info(metric).higher else a < b
+
+
+def stat(values) -> dict:
+    """mean, sample std (ddof=1; NaN for one value) and count of the finite values."""
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=float)
+    if not len(v):
+        return dict(mean=float("nan"), std=float("nan"), n=0)
+    return dict(mean=float(v.mean()), std=float(v.std(ddof=1)) if len(v) > 1 else float("nan"), n=len(v))
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+@dataclass
+class Results:
+    roots: list
+    runs: list = field(default_factory=list)        # summary.json entries of every folder (all statuses)
+    leakage: list = field(default_factory=list)
+    controls: list = field(default_factory=list)
+    envelopes: list = field(default_factory=list)
+    privacy: list = field(default_factory=list)
+    recon: list = field(default_factory=list)       # dict(attack, run, victim, variant, path)
+    mia: list = field(default_factory=list)
+    scenarios: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> list:
+        return [r for r in self.runs if r.get("status") == "ok"]
+
+    def group_of(self) -> dict:
+        return {r["run"]: gkey(r) for r in self.ok}
+
+    def groups(self) -> list:
+        return list(dict.fromkeys(gkey(r) for r in self.ok))
+
+    def label(self, g) -> str:
+        """Display name of a group: method+variant, prefixed by the dataset when there are several."""
+        many = len({k[0] for k in self.groups()}) > 1
+        return (f"{g[0]}/" if many else "") + f"{g[1]}{g[2]}"
+
+
+def gkey(r: dict) -> tuple:
+    return (str(r.get("dataset", "")), str(r.get("method", "")), str(r.get("variant", "") or ""))
+
+
+def _csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _split_file(stem: str, runs: set) -> tuple | None:
+    """``<run with / as __>__<victim>__<variant>`` -> (run, victim, variant), matched against known runs."""
+    for run in sorted(runs, key=len, reverse=True):
+        safe = run.replace("/", "__") + "__"
+        if stem.startswith(safe):
+            rest = stem[len(safe):].split("__")
+            return run, rest[0], "__".join(rest[1:]) or "main"
+    return None
+
+
+def load(run_dirs) -> Results:
+    """Read one or many run folders. A run present in several folders is taken from the last one."""
+    roots = [Path(d) for d in run_dirs]
+    res = Results(roots)
+    chosen: dict[str, int] = {}
+    per_root = []
+    for i, root in enumerate(roots):
+        f = root / "summary.json"
+        if not f.exists():
+            raise UserError(f"{root} has no summary.json: pass run folders written by `fdg_audit scenario` "
+                            "(runs/<scenario>/<timestamp>)")
+        s = json.loads(f.read_text())
+        res.scenarios.append(s.get("scenario", root.name))
+        for r in s.get("runs", []):
+            if r["run"] in chosen and r.get("status") == "ok":
+                res.notes.append(f"run {r['run']} appears in {roots[chosen[r['run']]]} and {root}: using {root}")
+            if r.get("status") == "ok" or r["run"] not in chosen:
+                chosen[r["run"]] = i
+        per_root.append(s.get("runs", []))
+    for i, runs in enumerate(per_root):
+        res.runs += [dict(r, root=str(roots[i])) for r in runs if chosen[r["run"]] == i]
+    mine = lambda i, run: chosen.get(run) == i
+    for i, root in enumerate(roots):
+        for r in _csv(root / "leakage.csv"):
+            if mine(i, r["run"]):
+                res.leakage.append(dict(r, value=_num(r.get("value")), baseline=_num(r.get("baseline")),
+                                        round=int(_num(r.get("round")) if r.get("round") not in ("", None) else -1)))
+        for r in _csv(root / "privacy.csv"):
+            if mine(i, r.get("run", "")):
+                res.privacy.append(dict(r, epsilon=_num(r.get("epsilon")), delta=_num(r.get("delta"))))
+        if (root / "controls.json").exists():
+            res.controls += [dict(c, root=str(root)) for c in json.loads((root / "controls.json").read_text())]
+        if (root / "messages.jsonl").exists():
+            with open(root / "messages.jsonl") as fh:
+                for line in fh:
+                    if line.strip():
+                        e = json.loads(line)
+                        if mine(i, e["run"]):
+                            res.envelopes.append(e)
+        runs = {r for r, j in chosen.items() if j == i}
+        for sub, dest in (("recon", res.recon), ("mia", res.mia)):
+            for p in sorted((root / sub).glob("*/*.npz")):
+                hit = _split_file(p.stem, runs)
+                if hit:
+                    dest.append(dict(attack=p.parent.name, run=hit[0], victim=hit[1], variant=hit[2], path=p))
+    return res
+
+
+# ------------------------------------------------------------------------------------------- accuracy
+
+def sweep_keys(res: Results) -> list[str]:
+    return list(dict.fromkeys(k for r in res.ok for k in (r.get("sweep") or {})))
+
+
+def accuracy_table(res: Results) -> list[dict]:
+    """One row per group: per-target and mean-over-targets held-out accuracy (mean ± std over seeds)."""
+    by = defaultdict(list)
+    for r in res.ok:
+        if r.get("target_acc") is not None:
+            by[gkey(r)].append(r)
+    rows = []
+    for g, rs in by.items():
+        targets = list(dict.fromkeys(r["target"] for r in rs))
+        seeds = sorted({r["seed"] for r in rs})
+        acc = defaultdict(dict)
+        for r in rs:
+            acc[r["target"]][r["seed"]] = float(r["target_acc"])
+        complete = [s for s in seeds if all(s in acc[t] for t in targets)]
+        rows.append(dict(dataset=g[0], method=g[1], variant=g[2], key=g, sweep=rs[0].get("sweep") or {},
+                         targets={t: stat(acc[t].values()) for t in targets},
+                         mean=stat([float(np.mean([acc[t][s] for t in targets])) for s in complete]),
+                         seeds=seeds, incomplete=[s for s in seeds if s not in complete], runs=len(rs),
+                         num_classes=rs[0].get("num_classes")))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- leakage
+
+def _strongest(rows: list[dict]) -> dict | None:
+    best = None
+    for r in rows:
+        if best is None or stronger(r["metric"], r["value"], best["value"]):
+            best = r
+    return best
+
+
+def per_run_strongest(leak: list[dict], keys: tuple) -> dict:
+    """{(run, *keys): the row with the strongest value} over everything not in ``keys`` (victims, rounds...)."""
+    by = defaultdict(list)
+    for r in leak:
+        by[(r["run"],) + tuple(r.get(k, "") for k in keys)].append(r)
+    return {k: _strongest(v) for k, v in by.items()}
+
+
+def leakage_table(res: Results) -> list[dict]:
+    """Per group x attack x artifact x output x metric: the per-run strongest value over victims and rounds,
+    summarised over runs (mean ± std, and the strongest run), with the mean baseline and the status."""
+    gof = res.group_of()
+    keys = ("attack", "artifact", "output", "metric")
+    by = defaultdict(list)
+    for (run, *k), r in per_run_strongest([r for r in res.leakage if r["run"] in gof], keys).items():
+        by[(gof[run],) + tuple(k)].append(r)
+    rows = []
+    for (g, attack, artifact, output, metric), rs in by.items():
+        top = _strongest(rs) or rs[0]
+        bad = [r["status"] for r in rs if r.get("status", "ok") != "ok"]
+        rows.append(dict(key=g, dataset=g[0], method=g[1], variant=g[2], attack=attack, artifact=artifact,
+                         output=output, metric=metric, value=stat(r["value"] for r in rs),
+                         baseline=stat(r["baseline"] for r in rs), top=top, runs=len(rs),
+                         adversary=rs[0].get("adversary", ""), status=bad[0] if bad else "ok"))
+    return rows
+
+
+def method_leakage(res: Results, metric: str) -> dict:
+    """{group: dict(value=stat, baseline=stat)}: per run the strongest ``metric`` over every measurable
+    attack, artifact, victim and round; then over runs. Rows whose control failed are left out."""
+    gof = res.group_of()
+    rows = [r for r in res.leakage if r["metric"] == metric and r.get("status", "ok") == "ok" and r["run"] in gof]
+    by = defaultdict(list)
+    for (run,), r in per_run_strongest(rows, ()).items():
+        by[gof[run]].append(r)
+    return {g: dict(value=stat(r["value"] for r in rs), baseline=stat(r["baseline"] for r in rs))
+            for g, rs in by.items() if any(not math.isnan(r["value"]) for r in rs)}
+
+
+def pareto_front(points: list[tuple[float, float]], higher: bool = True) -> list[bool]:
+    """Which (leakage, accuracy) points are Pareto-optimal: no other point has at least the accuracy and at
+    most the leakage, and is strictly better in one. ``higher``: larger leakage values mean more leakage."""
+    p = [((x if higher else -x), y) for x, y in points]
+    return [not any(q[0] <= a[0] and q[1] >= a[1] and (q[0] < a[0] or q[1] > a[1]) for q in p)
+            for a in p]
+
+
+# ------------------------------------------------------------------------------------------- bytes
+
+def direction(e: dict) -> str:
+    if e["receiver"] == "server":
+        return "up"
+    if e["sender"] == "server":
+        return "down"
+    return "peer"
+
+
+ARROW = {"up": "↑", "down": "↓", "peer": "↔"}
+
+
+def bytes_table(res: Results) -> dict:
+    """{group: dict(runs, kinds={(kind, direction): dict(once, per_round, total)}, once, per_round, total,
+    clients={client: sorted kinds it sent})}, bytes per run averaged over the group's runs."""
+    gof = res.group_of()
+    rounds = {r["run"]: int((r.get("params") or {}).get("rounds") or 0) for r in res.ok}
+    for e in res.envelopes:
+        if e["run"] in rounds and not rounds[e["run"]]:
+            rounds[e["run"]] = max(rounds[e["run"]], e["round"])
+    acc = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
+    runs, clients = defaultdict(set), defaultdict(lambda: defaultdict(set))
+    for e in res.envelopes:
+        if e["run"] not in gof:
+            continue
+        g = gof[e["run"]]
+        runs[g].add(e["run"])
+        a = acc[g][(e["kind"], direction(e))]
+        b = e["wire_bytes"]
+        a[2] += b
+        if e["round"] == 0:
+            a[0] += b
+        else:
+            a[1] += b / max(1, rounds[e["run"]])
+        if e["sender"] != "server":
+            clients[g][e["sender"]].add(e["kind"])
+    out = {}
+    for g in res.groups():
+        n = len(runs[g])
+        if not n:
+            continue
+        kinds = {k: dict(once=v[0] / n, per_round=v[1] / n, total=v[2] / n) for k, v in sorted(acc[g].items())}
+        out[g] = dict(runs=n, kinds=kinds, **{f: sum(k[f] for k in kinds.values())
+                                              for f in ("once", "per_round", "total")},
+                      clients={c: sorted(k) for c, k in sorted(clients[g].items())})
+    return out
+
+
+def human_bytes(b: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= f:
+            return f"{b / f:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+# ------------------------------------------------------------------------------------------- privacy
+
+def privacy_table(res: Results) -> dict:
+    """{group: dict(epsilon=stat, delta)} from privacy.csv: per run the largest ε it reports (the total
+    spent by the end of training), then over runs."""
+    gof = res.group_of()
+    per_run = {}
+    for r in res.privacy:
+        if r["run"] in gof and not math.isnan(r["epsilon"]):
+            if r["run"] not in per_run or r["epsilon"] > per_run[r["run"]]["epsilon"]:
+                per_run[r["run"]] = r
+    by = defaultdict(list)
+    for run, r in per_run.items():
+        by[gof[run]].append(r)
+    return {g: dict(epsilon=stat(r["epsilon"] for r in rs), delta=max(r["delta"] for r in rs))
+            for g, rs in by.items()}
+
+
+# ------------------------------------------------------------------------------------------- text
+
+def fmt(s: dict, digits: int = 3) -> str:
+    if not s or s["n"] == 0:
+        return "—"
+    m = f"{s['mean']:.{digits}f}"
+    return m if s["n"] == 1 else f"{m} ± {s['std']:.{digits}f}"
+
+
+def fmt_metric(metric: str, s: dict) -> str:
+    u = info(metric).unit
+    return fmt(s, 1 if u == "dB" else 3) + (" dB" if u == "dB" and s["n"] else "")
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    esc = lambda c: str(c).replace("|", "\\|")
+    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def text_table(headers: list[str], rows: list[list]) -> str:
+    """Fixed-width table; a cell may hold several lines (one row then spans several terminal lines)."""
+    cells = [[str(c).split("\n") for c in r] for r in [headers] + rows]
+    w = [max(len(line) for r in cells for line in r[i]) for i in range(len(headers))]
+    out = []
+    for j, r in enumerate(cells):
+        for k in range(max(len(c) for c in r)):
+            out.append("  ".join((c[k] if k < len(c) else "").ljust(w[i]) for i, c in enumerate(r)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * x for x in w))
+    return "\n".join(out)
+
+
+def slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "x"

@@ -1,0 +1,184 @@
+"""Core testbed: codec, bus + ledger, engines, seeding, scenario config, CLI errors, FedAvg."""
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fdg_audit.bus import Bus, decode, encode
+from fdg_audit.errors import UserError
+from fdg_audit.federation import Server
+from fdg_audit.ledger import Ledger
+from fdg_audit.models import ModelConfig, build_model
+from fdg_audit.runner import plan
+from fdg_audit.scenario import load_raw
+from methods.fedavg import FedAvg, FedAvgServer
+
+TINY = """
+name = "tiny"
+[data]
+dataset = "digits"
+family = "rotated"
+per_domain = 80
+targets = ["rot0"]
+[model]
+arch = "cnn_small"
+[train]
+rounds = 2
+batch_size = 16
+lr = 0.05
+[[methods]]
+name = "fedavg"
+"""
+
+
+def keys(root, run=None):
+    return [(e.run, e.round, e.phase, e.sender, e.receiver, e.kind, e.wire_bytes, e.sha256)
+            for e in Ledger.open(root).envelopes if run is None or e.run == run]
+
+
+def test_codec_roundtrip_is_exact_and_deterministic():
+    arrays = {"w": torch.randn(3, 4), "i": torch.arange(5), "d": np.eye(2), "b": torch.tensor([True, False])}
+    data = encode(arrays, {"n": 7, "name": "x"})
+    assert data == encode(arrays, {"name": "x", "n": 7})
+    p = decode(data)
+    assert p.scalars == {"n": 7, "name": "x"}
+    for k, v in arrays.items():
+        v = torch.as_tensor(v)
+        assert p[k].dtype == v.dtype and p[k].shape == v.shape and torch.equal(p[k], v)
+    header_bytes = len(data) - sum(torch.as_tensor(v).numel() * torch.as_tensor(v).element_size()
+                                   for v in arrays.values())
+    assert 0 < header_bytes < 400
+
+
+def test_bus_broadcast_records_one_envelope_per_receiver(tmp_path):
+    led = Ledger(tmp_path)
+    bus = Bus(led, "r", "m")
+    got = bus.broadcast("train", "server", ["a", "b", "c"], "weights", {"w": torch.ones(2)})
+    assert set(got) == {"a", "b", "c"} and len(led.envelopes) == 3
+    assert len({e.sha256 for e in led.envelopes}) == 1 and [e.receiver for e in led.envelopes] == ["a", "b", "c"]
+    got["a"].arrays["w"] += 1  # receivers get copies: mutating one changes nothing else
+    assert torch.equal(got["b"].arrays["w"], torch.ones(2))
+    with pytest.raises(ValueError, match="unknown artifact kind"):
+        bus.send("x", "a", "server", "not_a_kind", {})
+
+
+def test_process_engine_ledger_equals_in_process(run_toml):
+    a = run_toml(TINY)
+    b = run_toml(TINY, "engine='process'")
+    assert len(keys(a)) > 0 and keys(a) == keys(b)
+    sa, sb = (json.loads((r / "summary.json").read_text())["runs"][0] for r in (a, b))
+    assert sa["target_acc"] == sb["target_acc"]
+
+
+def test_same_seed_same_ledger_other_seed_differs(run_toml):
+    a, b, c = run_toml(TINY), run_toml(TINY), run_toml(TINY, "seeds=[1]")
+    assert keys(a) == keys(b)
+    wa = [k[-1] for k in keys(a) if k[5] == "weights"]
+    wc = [k[-1] for k in keys(c) if k[5] == "weights"]
+    assert wa != wc
+
+
+def test_payload_files_match_envelopes_and_ledger_reopens(run_toml):
+    root = run_toml(TINY)
+    led = Ledger.open(root)
+    assert led.envelopes
+    for e in led.envelopes:
+        data = led.payload_path(e.sha256).read_bytes()
+        assert len(data) == e.wire_bytes and hashlib.sha256(data).hexdigest() == e.sha256
+        assert [a["name"] for a in e.arrays] == list(led.payload(e).arrays)
+
+
+def test_fedavg_wire_bytes_per_round(run_toml):
+    root = run_toml(TINY)
+    envs = Ledger.open(root).envelopes
+    k = 5  # six rotated domains, one held out
+    model = build_model(ModelConfig(arch="cnn_small"), 1, 10, 28)
+    model_bytes = len(encode(model.state_dict()))
+    n_bytes = len(encode({}, {"n": 64}))
+    by_round = {}
+    for e in envs:
+        by_round[e.round] = by_round.get(e.round, 0) + e.wire_bytes
+    assert by_round[0] == k * n_bytes and [e.kind for e in envs if e.round == 0] == ["n_samples"] * k
+    for t in (1, 2):
+        assert by_round[t] == 2 * k * model_bytes
+
+
+def test_fedavg_averages_with_sample_weights():
+    s = [{"w": torch.tensor([0.0, 2.0]), "n": torch.tensor(2)}, {"w": torch.tensor([4.0, 6.0]), "n": torch.tensor(5)}]
+    from methods.fedavg import weighted_average
+    out = weighted_average(s, [0.75, 0.25])
+    assert torch.allclose(out["w"], torch.tensor([1.0, 3.0])) and out["n"].dtype == torch.int64 and out["n"] == 3
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fdg_audit", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("text,needle", [
+    (TINY.replace("rounds = 2", "rounds = 2\nroundz = 3"), "unknown key train.roundz: allowed keys are"),
+    (TINY.replace('dataset = "digits"', 'dataset = "folder"\nroot = "/no/such/PACS"'), "/no/such/PACS"),
+    (TINY.replace('name = "fedavg"', 'name = "fedavgg"'), "fedavgg"),
+    (TINY.replace("[model]", "[model]\nwidth = 3"), "unknown key model.width"),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, text, needle):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    r = cli("scenario", str(f), "--out", str(tmp_path / "runs"), "--quiet")
+    assert r.returncode == 2
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_unknown_plugin_lists_registered_names(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(TINY.replace('name = "fedavg"', 'name = "nope"'))
+    with pytest.raises(UserError, match="registered name.*fedavg"):
+        plan(load_raw(f))
+
+
+def test_set_overrides_and_sweep_expansion(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text(TINY + '\n[sweep]\n"methods.fedavg.lr" = [0.1, 0.01]\n')
+    runs = plan(load_raw(f, ["seeds=[0, 1]", "data.targets=['rot0', 'rot15']", "methods.fedavg.batch_size=8"]))
+    assert len(runs) == 2 * 2 * 2
+    assert {r["params"].lr for r in runs} == {0.1, 0.01} and {r["params"].batch_size for r in runs} == {8}
+    assert len({r["run_id"] for r in runs}) == 8
+    with pytest.raises(UserError, match="no entry 'nope' in methods"):
+        load_raw(f, ["methods.nope.lr=1"])
+
+
+class Exploding:
+    """A method whose server fails in round 1: the runner must keep the other runs' results."""
+    name, Params, Client = "exploding", FedAvg.Params, FedAvg.Client
+
+    class Server(FedAvgServer):
+        def step(self, t):
+            raise RuntimeError("boom")
+
+
+def test_failed_run_is_recorded_and_others_kept(tmp_path):
+    from fdg_audit.runner import run_scenario
+    f = tmp_path / "s.toml"
+    f.write_text(TINY + '\n[[methods]]\nname = "tests.test_core:Exploding"\nlabel = "exploding"\n')
+    with pytest.raises(RuntimeError, match="1 run\\(s\\) failed"):
+        run_scenario(str(f), out=str(tmp_path / "runs"), quiet=True)
+    root = next((tmp_path / "runs" / "tiny").iterdir())
+    runs = {r["method"]: r for r in json.loads((root / "summary.json").read_text())["runs"]}
+    assert runs["fedavg"]["status"] == "ok" and runs["exploding"]["status"] == "failed"
+    assert "boom" in runs["exploding"]["error"]
+    assert "rotated/fedavg/rot0/s0" in (root / "metrics.csv").read_text()
+
+
+def test_fedavg_beats_single_source_on_held_out_domain(run_toml):
+    """FedAvg over five rotated sources beats the average single-source model on the held-out rot30."""
+    base = TINY.replace("per_domain = 80", "").replace("rounds = 2", "rounds = 6\nlocal_epochs = 2")
+    acc = lambda r: json.loads((r / "summary.json").read_text())["runs"][0]["target_acc"]
+    fed = acc(run_toml(base, "data.targets=['rot30']", "train.lr=0.02"))
+    single = [acc(run_toml(base, "data.targets=['rot30']", "train.lr=0.02", f"data.domains=['rot30', '{s}']"))
+              for s in ("rot0", "rot15", "rot45", "rot60", "rot75")]
+    assert fed > np.mean(single) + 0.1
