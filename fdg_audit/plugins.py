@@ -20,6 +20,14 @@ def available(kind: str) -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUPS[kind])}
 
 
+def origin(kind: str, name: str) -> str:
+    """The installed distribution that registered ``name`` (e.g. fdg_audit, or a third-party package)."""
+    for ep in entry_points(group=GROUPS[kind]):
+        if ep.name == name:
+            return ep.dist.name if ep.dist else "?"
+    return "explicit module:Class"
+
+
 def _import(path: str, kind: str):
     mod, _, attr = path.partition(":")
     if not attr:
@@ -68,5 +76,5 @@ def describe() -> str:
                          f"{', '.join(getattr(obj, 'consumes', ()))}")
             except UserError as e:
                 extra = f"BROKEN: {e}"
-            lines.append(f"  {name:<24} {path:<40} {extra}")
+            lines.append(f"  {name:<26} {path:<36} [{origin(kind, name)}] {extra}")
     return "\n".join(lines)

@@ -167,21 +167,27 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def bytes_table(envelopes) -> dict:
-    """Per method label: bytes by artifact kind (total and per training round) and kinds leaving clients."""
-    out = defaultdict(lambda: {"total": defaultdict(int), "runs": set(), "rounds": set(), "client_kinds": set()})
+    """Per dataset/method: bytes by artifact kind, one-time (round 0) and per training round, averaged over
+    runs, and the artifact kinds that left the clients."""
+    acc = defaultdict(lambda: {"once": defaultdict(int), "rounds": defaultdict(int), "runs": set(),
+                               "round_ids": set(), "client_kinds": set()})
     for e in envelopes:
         ds, method = e.run.split("/")[:2]
-        o = out[f"{ds}/{method}"]
-        o["total"][e.kind] += e.wire_bytes
+        o = acc[f"{ds}/{method}"]
         o["runs"].add(e.run)
-        if e.round > 0:
-            o["rounds"].add((e.run, e.round))
+        if e.round == 0:
+            o["once"][e.kind] += e.wire_bytes
+        else:
+            o["rounds"][e.kind] += e.wire_bytes
+            o["round_ids"].add((e.run, e.round))
         if e.sender != "server":
             o["client_kinds"].add(e.kind)
-    res = {}
-    for k, o in out.items():
-        nr = len(o["runs"])
-        res[k] = {"bytes_per_run_by_kind": {kk: v / nr for kk, v in sorted(o["total"].items())},
-                  "bytes_per_run": sum(o["total"].values()) / nr,
-                  "rounds_per_run": len(o["rounds"]) / nr, "kinds_from_clients": sorted(o["client_kinds"])}
-    return res
+    out = {}
+    for k, o in acc.items():
+        nr, nt = len(o["runs"]), max(1, len(o["round_ids"]))
+        once = {kk: v / nr for kk, v in sorted(o["once"].items())}
+        per_round = {kk: v / nt for kk, v in sorted(o["rounds"].items())}
+        out[k] = {"one_time_by_kind": once, "per_round_by_kind": per_round,
+                  "per_run_total": (sum(o["once"].values()) + sum(o["rounds"].values())) / nr,
+                  "rounds_per_run": nt / nr, "kinds_from_clients": sorted(o["client_kinds"])}
+    return out
