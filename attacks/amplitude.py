@@ -20,7 +20,7 @@ fftshifted amplitude travels (shape smaller than the image): phase retrieval doe
   Positive control: images zero-padded 2x with the known support are recovered exactly (aligned PSNR >= 60 dB).
 * ``Fingerprint`` ("amplitude_fingerprint"): psi(x) = mean-removed, L2-normalised log(1 + |FFT2(x)|), invariant to
   circular shifts and point inversion; a candidate's score is its best cosine to any of the victim's bank
-  entries (one matmul). Variant "perturbed": candidates shifted by up to +-2 px (non-circular, zero fill),
+  entries (one matmul). Variant "perturbed": candidates shifted by up to +-2 px (non-circular: edges repeat),
   gain +-10 %, Gaussian noise sigma 0.02. Controls: exact copies give AUC 1 (positive); two disjoint sets of
   images never in the bank give AUC ~ 0.5 (negative).
 * ``AttributeInference`` ("amplitude_attribute"): logistic regression on the radially averaged log-spectrum
@@ -42,6 +42,7 @@ import torch.nn.functional as F
 
 from fdg_audit import metrics as M
 from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped
+from fdg_audit.errors import UserError
 
 KIND = "amplitude_bank"
 
@@ -79,15 +80,13 @@ def amplitude(x: torch.Tensor, like: tuple | None = None) -> torch.Tensor:
     return a[..., H // 2 - h // 2:H // 2 - h // 2 + h, W // 2 - w // 2:W // 2 - w // 2 + w]
 
 
-def toy_images(n: int, channels: int, size: int, gen: torch.Generator, blobs: int = 4) -> torch.Tensor:
-    """Random smooth images in [0, 1] (sums of Gaussian blobs per channel) for the attacks' own controls."""
-    yy, xx = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32),
-                            indexing="ij")
-    c = torch.rand(n, channels, blobs, 2, generator=gen) * (size - 1)
-    s = 1.0 + torch.rand(n, channels, blobs, 1, 1, generator=gen) * size / 6
-    w = 0.3 + torch.rand(n, channels, blobs, 1, 1, generator=gen)
-    d2 = (yy - c[..., 0, None, None]) ** 2 + (xx - c[..., 1, None, None]) ** 2
-    x = (w * torch.exp(-d2 / (2 * s ** 2))).sum(2)
+def toy_images(n: int, channels: int, size: int, gen: torch.Generator, rects: int = 5) -> torch.Tensor:
+    """Random piecewise-constant images in [0, 1] (sums of random rectangles per channel) for the controls."""
+    ar = torch.arange(size)
+    a = torch.randint(0, size, (n, channels, rects, 2, 2), generator=gen).sort(-1).values   # [y0 y1], [x0 x1]
+    inside = lambda k, t: (t >= a[..., k, 0, None, None]) & (t <= a[..., k, 1, None, None])  # noqa: E731
+    m = inside(0, ar.view(size, 1)) & inside(1, ar.view(1, size))
+    x = (torch.rand(n, channels, rects, 1, 1, generator=gen) * m).sum(2)
     return x / x.flatten(2).amax(-1).clamp_min(1e-6)[..., None, None]
 
 
@@ -135,7 +134,7 @@ def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background:
         if it < hio:
             g = torch.where(pg == gp, gp, g - beta * (gp - pg))
             if out is not None:  # unknown constant background: its level follows the projection (BCL form of HIO)
-                g = g + out * ((pg - g) * out).sum((-2, -1), keepdim=True) / out.sum()
+                g = g + out * ((pg - g) * out).sum((-2, -1), keepdim=True) / out.sum().clamp_min(1)
         else:
             g = pg
         if it >= hio and (it - hio) % 50 == 49 and bool((fourier_residual(g, A) < tol).all()):
@@ -176,42 +175,49 @@ def estimate_support(x: torch.Tensor, frac: float = 0.02, thresh: float = 0.25, 
 @dataclass
 class PRParams(AttackParams):
     adversary_view: str = "client"    # client (curious client, reads its relay) | server | eavesdropper (uploads)
-    variants: list = field(default_factory=lambda: ["box", "support"])
+    variants: list = field(default_factory=lambda: ["box", "support", "support_domain"])
     hio: int = 300                    # HIO iterations (beta below), then ER iterations; attacks.md: 1000 + 200
     er: int = 100
     restarts: int = 4                 # random starts per image-channel; attacks.md: 8
     beta: float = 0.9
     tol: float = 1e-3                 # stop ER once every residual is below this
-    max_images: int = 64              # bank entries attacked per victim (0 = all); CPU budget
-    support: str = "public"           # public (estimated from aux.public) | frame (known border of frame_px)
-    frame_px: int = 4
-    support_frac: float = 0.02        # foreground in >= this fraction of public images
-    support_dilate: int = 1
+    max_images: int = 32              # bank entries attacked per victim (0 = all); CPU budget
+    support_frac: float = 0.02        # support = foreground in >= this fraction of the attacker's images ...
+    support_dilate: int = 1           # ... dilated by this many pixels
+    frame_px: int = 4                 # "support_frame": a known background border of this width
     background: str = "constant"      # outside the support: "zero" or an unknown constant per channel
     control_n: int = 8                # images in the padded positive control
     seed: int = 0
 
 
 class PhaseRetrieval(Attack):
+    """Variants: "box" (no support), "support" (mask estimated from aux.public, the held-out domain),
+    "support_domain" (estimated from aux.domain_samples of the victim's own domain, i.e. same-site public
+    images), "support_frame" (a known border of frame_px pixels)."""
     name = "amplitude_phase_retrieval"
     consumes = (KIND,)
     adversary = "client"
-    aux = ("public",)
+    aux = ("public", "domain_samples")
     target = "reconstruction"
     Params = PRParams
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
         self.adversary = self.p.adversary_view
+        bad = [v for v in self.p.variants if v not in ("box", "support", "support_domain", "support_frame")]
+        if bad:
+            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use box, support, support_domain or "
+                            "support_frame")
 
-    def _support(self, aux, C, H, W) -> torch.Tensor:
-        if self.p.support == "frame":
-            s = torch.zeros(H, W, dtype=torch.bool)
-            f = self.p.frame_px
-            s[f:H - f, f:W - f] = True
-        else:
-            s = estimate_support(aux.public.x, self.p.support_frac, dilate=self.p.support_dilate)
-        return s.to(self.device)
+    def _support(self, variant: str, aux, victim: str, size: int) -> torch.Tensor | None:
+        if variant == "box":
+            return None
+        if variant == "support_frame":
+            s, f = torch.zeros(size, size, dtype=torch.bool), self.p.frame_px
+            s[f:size - f, f:size - f] = True
+            return s.to(self.device)
+        x = aux.public.x if variant == "support" else aux.domain_samples[victim].x
+        return estimate_support(x.to(self.device), self.p.support_frac, dilate=self.p.support_dilate)
 
     def attack_bank(self, amp: torch.Tensor, support, gen) -> torch.Tensor:
         """Images (N, C, H, W) from a bank (N, C, H, W) of full amplitudes."""
@@ -221,20 +227,19 @@ class PhaseRetrieval(Attack):
         return register_channels(g.view(N, C, H, W))
 
     def run(self, view, aux):
-        c, size, _ = view.shape
+        size = view.shape[1]
         gen = torch.Generator().manual_seed(self.p.seed)
         outs = []
         for victim, rnd, amp in bank_entries(view, self.p.max_victims):
             if tuple(amp.shape[-2:]) != (size, size):
-                outs.append(Skipped(victim, KIND, rnd, f"bank holds a {tuple(amp.shape[-2:])} window of the "
-                                    f"{size}x{size} spectrum: phase retrieval needs the full amplitude"))
+                outs.append(Skipped(victim, KIND, rnd, f"the bank holds a {tuple(amp.shape[-2:])} window of the "
+                                    f"{size}x{size} spectrum; phase retrieval needs the full amplitude"))
                 continue
             rows = np.arange(min(len(amp), self.p.max_images or len(amp)))
             a = amp[rows].to(self.device, torch.float32)
             base = (a[..., 0, 0] / (size * size)).clamp(0, 1)[..., None, None].expand_as(a)  # DC = sum of pixels
             for v in self.p.variants:
-                sup = None if v == "box" else self._support(aux, c, size, size)
-                rec = self.attack_bank(a, sup, gen)
+                rec = self.attack_bank(a, self._support(v, aux, victim, size), gen)
                 outs.append(Reconstruction(victim, KIND, rnd, rec, truth="amp", rows=rows, aligned=True,
                                            variant=v, baseline=base))
         return outs
@@ -243,11 +248,205 @@ class PhaseRetrieval(Attack):
         """Positive control: 2x zero-padded toy images with the known support come back exactly."""
         gen = torch.Generator().manual_seed(self.p.seed)
         n, s = self.p.control_n, 16
-        x = toy_images(n, 1, s, gen)
-        xp = F.pad(x, (0, s, 0, s)).to(self.device)
+        xp = F.pad(toy_images(n, 1, s, gen), (0, s, 0, s)).to(self.device)
         sup = torch.zeros(2 * s, 2 * s, dtype=torch.bool, device=self.device)
         sup[:s, :s] = True
-        g, _ = retrieve(torch.fft.fft2(xp[:, 0]).abs(), sup, "zero", max(self.p.hio, 300), max(self.p.er, 200),
-                        max(self.p.restarts, 4), self.p.beta, 0.0, gen)
+        # attacks.md settings (1000 HIO + 200 ER, 8 restarts): the control checks the algorithm, not the budget
+        g, _ = retrieve(torch.fft.fft2(xp[:, 0]).abs(), sup, "zero", 1000, 200, 8, self.p.beta, 0.0, gen)
         ps = M.aligned_psnr(g[:, None].cpu(), xp.cpu())
-        return [Control("padded 2x, known support: median aligned PSNR", "psnr", float(ps.median()), 60.0)]
+        return [Control("2x zero-padded toy images, known support: median aligned PSNR", "psnr",
+                        float(ps.median()), 60.0)]
+
+
+# ------------------------------------------------------------------------------------------ fingerprint
+
+def fingerprint(amp: torch.Tensor) -> torch.Tensor:
+    """psi = log(1 + A), mean-removed and L2-normalised per entry: (N, C, h, w) -> (N, C*h*w)."""
+    f = torch.log1p(amp.float()).flatten(1)
+    f = f - f.mean(1, keepdim=True)
+    return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def perturb(x: torch.Tensor, gen: torch.Generator, shift: int = 2, gain: float = 0.1, noise: float = 0.02
+            ) -> torch.Tensor:
+    """Per image: a non-circular shift by up to +-shift px (the edge rows/columns repeat, as when the crop window
+    moves over a scene), gain in [1-gain, 1+gain], Gaussian noise N(0, noise^2)."""
+    N, C, H, W = x.shape
+    dev = x.device
+    d = torch.randint(-shift, shift + 1, (2, N), generator=gen).to(dev)
+    xp = F.pad(x, (shift,) * 4, mode="replicate")
+    rows = torch.arange(H, device=dev) + shift - d[0][:, None]            # out[i] = x[i - dy]
+    cols = torch.arange(W, device=dev) + shift - d[1][:, None]
+    out = xp.gather(2, rows.view(N, 1, H, 1).expand(N, C, H, W + 2 * shift))
+    out = out.gather(3, cols.view(N, 1, 1, W).expand(N, C, H, W))
+    g = 1 + gain * (2 * torch.rand(N, 1, 1, 1, generator=gen) - 1)
+    return (out * g.to(dev) + noise * torch.randn(x.shape, generator=gen).to(dev)).clamp(0, 1)
+
+
+def best_match(cand: torch.Tensor, amp: torch.Tensor) -> torch.Tensor:
+    """Score of each candidate image (M, C, H, W): its best fingerprint cosine to any bank entry (N, C, h, w)."""
+    return (fingerprint(amplitude(cand, amp.shape[-2:])) @ fingerprint(amp).T).amax(1)
+
+
+@dataclass
+class FPParams(AttackParams):
+    adversary_view: str = "client"
+    variants: list = field(default_factory=lambda: ["exact", "perturbed"])
+    shift: int = 2                    # "perturbed": non-circular shift up to +-shift px,
+    gain: float = 0.1                 # gain within +-gain,
+    noise: float = 0.02               # Gaussian noise of this sigma
+    control_n: int = 64
+    seed: int = 0
+
+
+class Fingerprint(Attack):
+    """Membership / linkage: is a candidate image in the victim's bank? Variants "exact" (candidates as held)
+    and "perturbed" (the attacker holds slightly different copies)."""
+    name = "amplitude_fingerprint"
+    consumes = (KIND,)
+    adversary = "client"
+    aux = ("candidates",)
+    target = "membership"
+    Params = FPParams
+
+    def __init__(self, params=None, device: str = "cpu"):
+        super().__init__(params, device)
+        self.adversary = self.p.adversary_view
+        bad = [v for v in self.p.variants if v not in ("exact", "perturbed")]
+        if bad:
+            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use exact or perturbed")
+
+    def run(self, view, aux):
+        gen = torch.Generator().manual_seed(self.p.seed)
+        outs = []
+        for victim, rnd, amp in bank_entries(view, self.p.max_victims):
+            if victim not in aux.candidates:
+                continue
+            amp, x = amp.to(self.device), aux.candidates[victim].x.to(self.device)
+            for v in self.p.variants:
+                c = perturb(x, gen, self.p.shift, self.p.gain, self.p.noise) if v == "perturbed" else x
+                outs.append(Scores(victim, KIND, rnd, best_match(c, amp).cpu().numpy(), variant=v))
+        return outs
+
+    def control(self):
+        """Exact copies of bank images are found (AUC 1); images never in the bank score alike (AUC ~ 0.5)."""
+        gen = torch.Generator().manual_seed(self.p.seed)
+        n = self.p.control_n
+        x = toy_images(3 * n, 1, 28, gen).to(self.device)
+        bank = amplitude(x[:n])
+        s = best_match(x, bank).cpu().numpy()
+        lab = np.r_[np.ones(n), np.zeros(2 * n)]
+        return [Control("exact copies of bank images: AUC", "auc", M.auc(s[:2 * n], lab[:2 * n]), 0.99),
+                Control("two disjoint non-member sets: |AUC - 0.5|", "auc", abs(M.auc(s[n:], lab[:2 * n]) - 0.5),
+                        0.2, positive=False)]
+
+
+# ------------------------------------------------------------------------------------------ attribute inference
+
+def radial_profile(amp: torch.Tensor, shifted: bool) -> torch.Tensor:
+    """Mean log(1 + A) per channel in integer radial-frequency bins: (N, C, h, w) -> (N, C * bins).
+    ``shifted``: the spectrum is fftshifted (a window crop), else unshifted."""
+    N, C, h, w = amp.shape
+    dev = amp.device
+    fy = torch.arange(h, device=dev) - h // 2 if shifted else torch.fft.fftfreq(h, device=dev) * h
+    fx = torch.arange(w, device=dev) - w // 2 if shifted else torch.fft.fftfreq(w, device=dev) * w
+    r = (fy[:, None] ** 2 + fx[None, :] ** 2).sqrt().round().long().clamp(max=min(h, w) // 2).flatten()
+    onehot = F.one_hot(r, int(r.max()) + 1).float()
+    onehot = onehot / onehot.sum(0, keepdim=True)
+    return (torch.log1p(amp.float()).flatten(2) @ onehot).flatten(1)
+
+
+def features(amp: torch.Tensor, kind: str, full: tuple) -> np.ndarray:
+    """"radial" (orientation-free radial log-spectrum) or "logamp" (the whole log-amplitude)."""
+    if kind == "radial":
+        f = radial_profile(amp, shifted=tuple(amp.shape[-2:]) != tuple(full))
+    else:
+        f = torch.log1p(amp.float()).flatten(1)
+    return f.cpu().numpy()
+
+
+def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, c: float = 1.0) -> np.ndarray:
+    """Standardised multinomial logistic regression (L2, strength 1/c)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    clf = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
+    return clf.fit(x_train, y_train).predict(x_test)
+
+
+@dataclass
+class AIParams(AttackParams):
+    adversary_view: str = "client"
+    features: list = field(default_factory=lambda: ["radial", "logamp"])
+    attributes: list = field(default_factory=lambda: ["class", "domain"])
+    c: float = 1.0                    # inverse L2 strength of the logistic regression
+    control_n: int = 200
+    seed: int = 0
+
+
+class AttributeInference(Attack):
+    """Predict each bank entry's class and domain from its amplitude. Variants "<features>/<training data>":
+    class from aux.public only ("public") or also from aux.domain_samples ("public+domain_samples"); domain
+    from aux.domain_samples (labels in aux.domains order)."""
+    name = "amplitude_attribute"
+    consumes = (KIND,)
+    adversary = "client"
+    aux = ("public", "domain_samples")
+    target = "attribute"
+    Params = AIParams
+
+    def __init__(self, params=None, device: str = "cpu"):
+        super().__init__(params, device)
+        self.adversary = self.p.adversary_view
+        bad = [f for f in self.p.features if f not in ("radial", "logamp")] + \
+            [a for a in self.p.attributes if a not in ("class", "domain")]
+        if bad:
+            raise UserError(f"{self.name}: unknown feature/attribute {bad[0]!r}: features are radial, logamp; "
+                            "attributes are class, domain")
+
+    def run(self, view, aux):
+        full = view.shape[1:2] * 2
+        banks = bank_entries(view, self.p.max_victims)
+        outs = []
+        for shape in {tuple(a.shape[-2:]) for _, _, a in banks}:   # one classifier per bank layout
+            amp = lambda x: amplitude(x.to(self.device), shape)    # noqa: E731
+            dom = [aux.domain_samples[d] for d in aux.domains]
+            sets = {("class", "public"): (aux.public.x, aux.public.y, aux.num_classes),
+                    ("class", "public+domain_samples"): (torch.cat([aux.public.x] + [s.x for s in dom]),
+                                                         torch.cat([aux.public.y] + [s.y for s in dom]),
+                                                         aux.num_classes),
+                    ("domain", "domain_samples"): (torch.cat([s.x for s in dom]),
+                                                   torch.cat([torch.full((len(s),), i) for i, s in enumerate(dom)]),
+                                                   len(dom))}
+            for (attr, src), (x, y, k) in sets.items():
+                if attr not in self.p.attributes:
+                    continue
+                for feat in self.p.features:
+                    xs = features(amp(x), feat, full)
+                    for victim, rnd, a in banks:
+                        if tuple(a.shape[-2:]) == shape:
+                            pred = fit_predict(xs, y.numpy(), features(a.to(self.device), feat, full), self.p.c)
+                            outs.append(Predictions(victim, KIND, rnd, attr, pred, k, truth="amp",
+                                                    variant=f"{feat}/{src}"))
+        return outs
+
+    def control(self):
+        """A linearly separable synthetic attribute (a fine grating added or not) is recovered; random labels
+        stay at chance."""
+        gen = torch.Generator().manual_seed(self.p.seed)
+        n = self.p.control_n
+        x = toy_images(2 * n, 1, 28, gen)
+        attr = torch.randint(0, 2, (2 * n,), generator=gen)
+        yy, xx = torch.meshgrid(torch.arange(28), torch.arange(28), indexing="ij")
+        grating = 0.5 + 0.5 * torch.cos(2 * math.pi * (5 * yy + 7 * xx) / 28)
+        x = torch.where(attr.view(-1, 1, 1, 1).bool(), 0.5 * x + 0.5 * grating, x)
+        rand = torch.randint(0, 2, (2 * n,), generator=gen)
+        out = []
+        for feat in self.p.features:
+            f = features(amplitude(x.to(self.device)), feat, (28, 28))
+            for name, lab, thr, pos in (("synthetic separable attribute", attr, 0.9, True),
+                                        ("random labels", rand, 0.65, False)):
+                pred = fit_predict(f[:n], lab[:n].numpy(), f[n:], self.p.c)
+                out.append(Control(f"{feat}: {name}: balanced accuracy", "balanced_acc",
+                                   M.balanced_accuracy(pred, lab[n:].numpy(), 2), thr, positive=pos))
+        return out

@@ -4,11 +4,14 @@ An attack plugin is a class with
   ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
   ``aux`` (subset of "public", "domain_samples", "candidates"); ``target`` ("reconstruction" |
   "membership" | "attribute" | "label_dist" | "dataset_size"); ``Params`` (dataclass);
-  ``run(view, aux) -> list[Output]`` and ``control() -> list[Control]`` (positive/negative controls on
-  data the attack builds itself; a failed positive control turns the attack's numbers into
+  ``run(view, aux) -> list[Output]`` (Reconstruction | Scores | Predictions | Estimate, or Skipped with a
+  reason) and ``control() -> list[Control]`` (positive controls that must succeed and negative controls that
+  must stay at chance, on data the attack builds itself; any failed control turns the attack's numbers into
   "not measurable").
 It sees only the AdversaryView (what that adversary received or sent) and the Aux it declared. Ground truth
-never reaches ``run``: the scorer joins outputs with truth using the one metrics module.
+never reaches ``run``: the scorer joins outputs with truth using the one metrics module. Membership scores of
+several victims are also scored pooled (victim "pooled"), which resolves lower FPRs. attacks/README.md is the
+how-to.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import dataclasses
 import io
 import json
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +37,14 @@ from .models import build_model
 from .plugins import available, load_attack
 
 ADVERSARIES = ("server", "client", "eavesdropper")
+AUX = ("public", "domain_samples", "candidates")
 
 
 @dataclass
 class AttackParams:
     as_client: str = ""           # the curious client for adversary "client" (default: the first client)
     max_victims: int = 0          # 0 = every victim the adversary can see
+    targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
 
 
 # ------------------------------------------------------------------------------------------- outputs
@@ -47,7 +53,9 @@ class AttackParams:
 class Reconstruction:
     """Images an attack rebuilt from an artifact. ``truth`` names the ground-truth record the rows refer
     to: a truth file written by the victim (e.g. the bank's image ids) or "train" (match against the
-    victim's whole training set with the Hungarian algorithm)."""
+    victim's whole training set with the Hungarian algorithm; the baseline images are matched on their own,
+    so they get the same advantage). With truth "train", ``victim`` may join several clients with "+"
+    (an aggregate of their data, e.g. what a curious client sees)."""
     victim: str
     artifact: str
     round: int
@@ -57,6 +65,7 @@ class Reconstruction:
     aligned: bool = False         # score with aligned PSNR (Fourier ambiguities: shifts, point inversion)
     variant: str = ""
     baseline: torch.Tensor | None = None   # the attack's own trivial baseline images, same rows
+    labels: Any = None            # predicted class per image, scored as label_acc (after matching)
 
 
 @dataclass
@@ -92,6 +101,20 @@ class Estimate:
     round: int
     quantity: str
     value: np.ndarray
+    variant: str = ""
+
+
+@dataclass
+class Audit:
+    """A DP audit: one score per canary slot of the truth record ``truth`` (higher = inserted), scored as empirical
+    ε lower bounds next to the audited mechanism's accountant ε (fdg_audit.privacy.audit)."""
+    victim: str
+    artifact: str
+    round: int
+    scores: np.ndarray
+    delta: float
+    epsilon: float = float("inf")   # the accountant's ε of the audited mechanism (inf: no mechanism)
+    truth: str = "canaries"
     variant: str = ""
 
 
@@ -163,7 +186,7 @@ class AdversaryView:
         envs = ledger.select(run=self.run_id)
         if adversary != "eavesdropper":
             envs = [e for e in envs if me in (e.sender, e.receiver)]
-        self._msgs = [Message(e, ledger) for e in envs]
+        self._msgs = [Message(e, ledger) for e in envs if ledger.stored(e)]   # payloads the run kept
 
     def messages(self, **match) -> list[Message]:
         """Observed messages whose envelope fields equal the given values (lists mean any of)."""
@@ -174,7 +197,15 @@ class AdversaryView:
         return {m.kind for m in self._msgs}
 
     def new_model(self) -> torch.nn.Module:
+        """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
+        from types import SimpleNamespace
+        from .plugins import load_method
         c, s, k = self.shape
+        m = load_method(self.method)
+        if hasattr(m, "build"):
+            party = SimpleNamespace(params=m.Params(**self.params), shape=(c, s, s, k), model_cfg=self.model_cfg,
+                                    device=self.device)
+            return m.build(party).to(self.device)
         return build_model(self.model_cfg, c, k, s).to(self.device)
 
     def model(self, arrays: dict) -> torch.nn.Module:
@@ -241,7 +272,7 @@ class Truth:
 
     def record(self, victim: str, name: str) -> dict:
         if name == "train":
-            return {"idx": self.data.domain(victim).train.idx}
+            return {"idx": np.concatenate([self.data.domain(v).train.idx for v in victim.split("+")])}
         f = self.root / "truth" / self.run["run_id"] / victim / f"{name}.npz"
         if not f.exists():
             raise FileNotFoundError(f"no ground truth {f}")
@@ -286,24 +317,27 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
     if isinstance(out, Reconstruction):
         rec = truth.record(out.victim, out.truth)
         idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
-        x, _, _ = truth.images(idx)
+        x, y, _ = truth.images(idx)
         r = out.images.detach().cpu().float().clamp(0, 1)
-        if out.rows is None:  # match each reconstruction to a distinct true image
-            cost = ((r[:, None] - x[None]) ** 2).flatten(2).mean(-1)
+        b = out.baseline.cpu().float() if out.baseline is not None else \
+            (aux.public.x if aux.public is not None else x).mean(0, keepdim=True).expand_as(r)
+        xb, pred = x, None if out.labels is None else np.asarray(out.labels)
+        if out.rows is None:  # match each image (baselines on their own) to a distinct true image
             from scipy.optimize import linear_sum_assignment
-            ri, ci = linear_sum_assignment(cost.numpy())
-            r, x = r[ri], x[ci]
+            ri, ci = linear_sum_assignment(((r[:, None] - x[None]) ** 2).flatten(2).mean(-1).numpy())
+            bi, bc = linear_sum_assignment(((b[:, None] - x[None]) ** 2).flatten(2).mean(-1).numpy())
+            r, b, xb, x, y = r[ri], b[bi], x[bc], x[ci], y[ci]
+            pred = None if pred is None else pred[ri]
         ps = M.aligned_psnr(r, x) if out.aligned else M.psnr(r, x)
-        base = out.baseline if out.baseline is not None else aux.public.x.mean(0, keepdim=True).expand_as(x) \
-            if aux.public is not None else x.mean(0, keepdim=True).expand_as(x)
-        bs = M.aligned_psnr(base.cpu().float(), x) if out.aligned else M.psnr(base.cpu().float(), x)
+        bs = M.aligned_psnr(b, xb) if out.aligned else M.psnr(b, xb)
         add("psnr", ps.mean(), bs.mean())
         add("psnr_max", ps.max(), bs.max())
-        b = base.cpu().float()
         add("ssim", M.ssim(M.aligned(r, x) if out.aligned else r, x).mean(),
-            M.ssim(M.aligned(b, x) if out.aligned else b, x).mean())
+            M.ssim(M.aligned(b, xb) if out.aligned else b, xb).mean())
         add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0))
-        out.scored = (x, r, base)
+        if pred is not None:
+            add("label_acc", float((pred == y.numpy()).mean()), M.chance(aux.num_classes))
+        out.scored = (x, r, b)
     elif isinstance(out, Scores):
         lab = np.concatenate([members[v] for v in out.victims]) if out.victims else members[out.victim]
         add("auc", M.auc(out.scores, lab), 0.5)
@@ -327,9 +361,12 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
                 M.label_count_accuracy(prior, counts))
             add("label_existence_f1", M.existence_f1(np.asarray(out.value), counts),
                 M.existence_f1(np.ones(len(counts)), counts))
+    elif isinstance(out, Audit):
+        from .privacy.audit import audit_rows
+        rows += audit_rows(out, truth.record(out.victim, out.truth))
     else:
-        raise TypeError(f"attack returned {type(out).__name__}; return Reconstruction, Scores, Predictions "
-                        "or Estimate")
+        raise TypeError(f"attack returned {type(out).__name__}; return Reconstruction, Scores, Predictions, "
+                        "Estimate or Audit")
     return rows
 
 
@@ -360,7 +397,8 @@ def _make(cfg: dict, device):
     name, label = cfg.pop("name"), cfg.pop("label", None) or None
     cls = load_attack(name)
     from .scenario import typed
-    return label or cls.name or name, cls(typed(cls.Params, cfg, f"attacks.{label or name}"), device)
+    label = label or cls.name or name
+    return label, cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
 
 
 def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
@@ -375,13 +413,27 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
     for label, atk in attacks:
         if atk.adversary not in ADVERSARIES:
             raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
+        if set(atk.aux) - set(AUX):
+            raise UserError(f"attack {label}: aux {sorted(set(atk.aux) - set(AUX))} unknown; use a subset of {AUX}")
         ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
         for c in atk.control():   # there is none) makes every number of this attack "not measurable"
             ok &= c.passed
             controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
         for run_id, run in runs.items():
+            if atk.p.targets and run["target"] not in atk.p.targets:
+                continue
             me = {"server": "server", "eavesdropper": "eavesdropper"}.get(atk.adversary) or \
                 atk.p.as_client or run["clients"][0]
+            status = "ok" if ok else "not measurable (control failed)"
+            row = lambda o, victim, r: dict(  # noqa: E731
+                {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
+                attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
+                victim=victim, output=getattr(o, "variant", ""), status=status, **r)
+            note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
+                o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
+            if atk.adversary == "client" and me not in run["clients"]:
+                rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
+                continue
             view = AdversaryView(ledger, run, atk.adversary, me, device)
             if not set(atk.consumes) & view.kinds():
                 continue
@@ -389,16 +441,17 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
             truth = Truth(root, run)
             if not quiet and sys.stderr.isatty():
                 sys.stderr.write(f"\rattack {label} on {run_id} ...")
-            outs = atk.run(view, aux)
-            status = "ok" if ok else "not measurable (control failed)"
-            row = lambda o, victim, r: dict(  # noqa: E731
-                {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
-                attack=label, adversary=me, artifact=o.artifact, round=o.round, victim=victim,
-                output=getattr(o, "variant", ""), status=status, **r)
+            try:
+                outs = atk.run(view, aux)
+            except UserError:
+                raise
+            except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
+                print(f"attack {label} failed on {run_id}: {traceback.format_exc()}", file=sys.stderr)
+                rows.append(note("failed", f"failed: {type(e).__name__}: {e}"))
+                continue
             for o in outs:
                 if isinstance(o, Skipped):
-                    rows.append(row(o, o.victim, dict(metric="skipped", value=float("nan"), baseline=float("nan")))
-                                | {"status": f"skipped: {o.reason}"})
+                    rows.append(note("skipped", f"skipped: {o.reason}", o, o.victim))
                     continue
                 for r in score(o, truth, members, aux):
                     rows.append(row(o, o.victim, r))
@@ -407,6 +460,13 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
             for o in _pooled(outs):   # membership scores pooled over victims (resolves lower FPRs)
                 rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
             _save_scores(root, label, run_id, outs, members)
+    # re-running some attacks replaces their rows and controls and keeps every other attack's
+    labels = {label for label, _ in attacks}
+    if (root / "leakage.csv").exists():
+        with open(root / "leakage.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r["attack"] not in labels] + rows
+    if (root / "controls.json").exists():
+        controls = [c for c in json.loads((root / "controls.json").read_text()) if c["attack"] not in labels] + controls
     _write_rows(root / "leakage.csv", rows, LEAK_FIELDS)
     atomic_write(root / "controls.json", json.dumps(controls, indent=1))
     if not quiet and sys.stderr.isatty():

@@ -105,9 +105,10 @@ class Envelope:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
 
-Filter = Callable[[str, dict, dict], tuple[dict, dict, dict]]
-"""A sender-side filter: (kind, arrays, scalars) -> (arrays, scalars, event). ``event`` names the mechanism
-and its accounting record; it is stored in the envelope."""
+Filter = Callable[[str, dict, dict, dict], tuple[dict, dict, dict | None]]
+"""A sender-side filter: (kind, arrays, scalars, where) -> (arrays, scalars, event), where = {"run", "round",
+"sender"} (e.g. to seed its noise the same way in both engines). ``event`` names the mechanism and its accounting
+record; it is stored in the envelope (None: nothing to record, e.g. a filter that passes this sender)."""
 
 
 class Bus:
@@ -125,9 +126,11 @@ class Bus:
             raise ValueError(f"unknown artifact kind {kind!r}; known: {sorted(ARTIFACT_KINDS)} "
                              "(a method adds kinds with fdg_audit.bus.register_kind)")
         scalars, events = dict(scalars or {}), []
+        where = {"run": self.run, "round": self.round, "sender": sender}
         for f in self.filters.get(kind, []) + self.filters.get("*", []):
-            arrays, scalars, ev = f(kind, arrays, scalars)
-            events.append(ev)
+            arrays, scalars, ev = f(kind, arrays, scalars, where)
+            if ev:
+                events.append(ev)
         return encode(arrays, scalars), events
 
     def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=()) -> Payload:

@@ -38,6 +38,23 @@ USAGE = """usage: python -m fdg_audit COMMAND ...
   plugins                               list methods and attacks and where they come from"""
 
 
+def _fold(argv: list[str], flag: str) -> list[str]:
+    """argparse-dataclass drops ``action="extend"``: turn ``flag a flag b`` into ``flag a b`` so no value is lost."""
+    if argv.count(flag) < 2:
+        return argv
+    rest, values, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+        else:
+            rest.append(argv[i])
+            i += 1
+    return rest + [flag] + values
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -46,7 +63,7 @@ def main(argv=None) -> int:
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "scenario":
-            a = ArgumentParser(ScenarioArgs, prog="fdg_audit scenario").parse_args(rest)
+            a = ArgumentParser(ScenarioArgs, prog="fdg_audit scenario").parse_args(_fold(rest, "--set"))
             from .runner import run_scenario
             from .report import headline
             root = run_scenario(a.file, a.set, a.out or None, a.quiet)

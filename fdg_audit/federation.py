@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .bus import Bus, Payload
 from .data import DataConfig, Domain, DomainSet, Split, load_data
+from .errors import UserError
 from .models import ModelConfig, build_model
 
 
@@ -72,6 +73,7 @@ class Party:
         self.params = ctx["params"]
         self.device = torch.device(ctx["device"])
         self.model_cfg: ModelConfig = ctx["model_cfg"]
+        self.privacy = ctx.get("privacy")     # fdg_audit.privacy.PrivacyConfig or None
         self.shape: tuple[int, int, int, int] = ctx["shape"]   # (channels, size, size, num_classes)
         self.round = 0
         self._seq: np.random.SeedSequence = ctx["seedseq"]
@@ -101,7 +103,11 @@ class Client(Party):
         self.train = Split(dom.train.x.to(ctx["device"]), dom.train.y.to(ctx["device"]), dom.train.idx)
         self.val = Split(dom.val.x.to(ctx["device"]), dom.val.y.to(ctx["device"]), dom.val.idx)
         self.truth_sink = ctx.get("truth_sink")
+        self.events: list[dict] = []          # accounting events of local mechanisms (DP-SGD), sent with the next reply
         super().__init__(ctx)
+        if self.privacy is not None:
+            from .privacy import prepare_client
+            prepare_client(self)
         self.setup()
 
     def setup(self) -> None:
@@ -138,7 +144,11 @@ class Client(Party):
                 done += 1
 
     def fit(self, model: torch.nn.Module, loss_fn=None, opt=None, **kw) -> torch.nn.Module:
-        """Local training: ``loss_fn(model, x, y) -> loss`` (default cross-entropy) over ``batches(**kw)``."""
+        """Local training: ``loss_fn(model, x, y) -> loss`` (default cross-entropy) over ``batches(**kw)``.
+        With ``[privacy] dp_sgd`` it is DP-SGD (fdg_audit.privacy.dpsgd) with Poisson batches instead."""
+        if self.privacy is not None and self.privacy.dp_sgd:
+            from .privacy.dpsgd import dp_fit
+            return dp_fit(self, model, loss_fn, opt, **kw)
         loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
         opt = opt or make_optimizer(self.params, model.parameters())
         model.train()
@@ -217,12 +227,13 @@ class _Link:
 
 def _client_reply(client: Client, bus: Bus, rnd: int, phase: str, data: bytes | None):
     from .bus import decode
-    client.round = rnd
+    client.round = bus.round = rnd
     client.reseed()
     r = client.handle(phase, decode(data) if data is not None else None)
     if r is None:
         return None
     enc, events = bus.encode_from(client.id, r.kind, r.arrays, r.scalars)
+    events, client.events = client.events + events, []
     return r.kind, enc, events
 
 
@@ -252,7 +263,7 @@ def _worker(conn, spec):
         sink = ctx.pop("truth_fn")
         ctx["truth_sink"] = (lambda cid, name, arrs: conn.send(("truth", cid, name, arrs))) if sink else None
         client = method.Client(ctx)
-        bus = Bus(None, "", "", filters=ctx.get("filters"))
+        bus = Bus(None, ctx.get("run_id", ""), "", filters=ctx.get("filters"))
         failure = None
     except Exception as e:  # reported on the first message, with the client named by the parent
         failure = f"could not start: {type(e).__name__}: {e}"
@@ -265,6 +276,8 @@ def _worker(conn, spec):
             continue
         try:
             conn.send(("reply", _client_reply(client, bus, *msg)))
+        except UserError as e:
+            conn.send(("usererror", str(e)))
         except Exception as e:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
@@ -291,6 +304,8 @@ class ProcessLink(_Link):
                 self.truth_sink(*rest)
             elif tag == "error":
                 raise RuntimeError(f"client {c}: {rest[0]}")
+            elif tag == "usererror":
+                raise UserError(f"client {c}: {rest[0]}")
             else:
                 return rest[0]
 
@@ -336,6 +351,7 @@ class RunSpec:
     engine: str = "local"       # local | process
     threads: int = 1
     filters: dict | None = None
+    privacy: Any = None         # fdg_audit.privacy.PrivacyConfig: DP-SGD, artifact filters, canaries
 
 
 def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_round=None, truth_sink=None) -> dict:
@@ -354,12 +370,17 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     sources = [d for d in data.domains if d.name != target.name]
     seq = seed_sequence(spec.seed, spec.run_id)
     shape = (data.channels, data.size, data.size, data.num_classes)
-    bus = Bus(ledger, spec.run_id, method.name, filters=spec.filters)
-    base = dict(params=spec.params, device=spec.device, model_cfg=spec.model_cfg, shape=shape, seedseq=seq)
+    from .privacy import build_filters
+    filters = dict(spec.filters or {})
+    for k, fs in build_filters(spec.privacy).items():   # fresh per run: accountants live for one run
+        filters[k] = filters.get(k, []) + fs
+    bus = Bus(ledger, spec.run_id, method.name, filters=filters)
+    base = dict(params=spec.params, device=spec.device, model_cfg=spec.model_cfg, shape=shape, seedseq=seq,
+                privacy=spec.privacy, run_id=spec.run_id)
     cids = [d.name for d in sources]
     if spec.engine == "process":
         specs = {d.name: dict(base, id=d.name, party=i + 1, method=spec.method, data_cfg=spec.data_cfg,
-                              domain_name=d.name, threads=spec.threads, filters=spec.filters,
+                              domain_name=d.name, threads=spec.threads, filters=filters,
                               truth_fn=truth_sink is not None)
                  for i, d in enumerate(sources)}
         link = ProcessLink(bus, specs, truth_sink)

@@ -25,23 +25,27 @@ def atomic_write(path: Path, data: bytes | str) -> None:
 
 
 class Ledger:
-    def __init__(self, root: str | Path, store: str | list[str] = "all"):
-        """``store``: "all", "none" or a list of artifact kinds whose payload bytes are kept.
-        Envelopes (with sizes and hashes) are always recorded."""
+    def __init__(self, root: str | Path, store: str | list[str] = "all", rounds: list[int] = ()):
+        """``store``: "all", "none" or a list of artifact kinds whose payload bytes are kept; ``rounds``: if
+        given, only payloads of these rounds are kept. Envelopes (with sizes and hashes) are always recorded."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.store = store
+        self.store, self.rounds = store, list(rounds)
         self.envelopes: list[Envelope] = []
         self._fh = None
 
-    def _keep(self, kind: str) -> bool:
-        return self.store == "all" or (isinstance(self.store, list) and kind in self.store)
+    def _keep(self, env: Envelope) -> bool:
+        kind_ok = self.store == "all" or (isinstance(self.store, list) and env.kind in self.store)
+        return kind_ok and (not self.rounds or env.round in self.rounds)
+
+    def stored(self, env: Envelope) -> bool:
+        return self.payload_path(env.sha256).exists()
 
     def payload_path(self, sha: str) -> Path:
         return self.root / "payloads" / sha[:2] / sha
 
     def append(self, env: Envelope, data: bytes) -> None:
-        if self._keep(env.kind):
+        if self._keep(env):
             p = self.payload_path(env.sha256)
             if not p.exists():
                 atomic_write(p, data)
@@ -71,7 +75,7 @@ class Ledger:
         p = self.payload_path(env.sha256)
         if not p.exists():
             raise UserError(f"payload of {env.kind} (round {env.round}, {env.sender}->{env.receiver}) was not "
-                            f"stored: rerun with ledger.store = \"all\" or a list that includes {env.kind!r}")
+                            f"stored: rerun with store = \"all\" (or a list with {env.kind!r}) and store_rounds = []")
         data = p.read_bytes()
         if hashlib.sha256(data).hexdigest() != env.sha256:
             raise UserError(f"{p} does not match its envelope's sha256: the run folder is corrupted")
@@ -101,3 +105,6 @@ class MemoryLedger(Ledger):
 
     def raw(self, env: Envelope) -> bytes:
         return self._blobs[env.sha256]
+
+    def stored(self, env: Envelope) -> bool:
+        return True

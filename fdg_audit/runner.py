@@ -29,6 +29,7 @@ from .errors import UserError
 from .federation import RunSpec, run_federation
 from .ledger import Ledger, atomic_write
 from .plugins import load_method
+from .privacy import check_run, privacy_config, privacy_csv
 from .scenario import dump_toml, method_params, parse, variants
 
 
@@ -80,10 +81,13 @@ def plan(raw: dict) -> list[dict]:
             for m in sc.methods:
                 method = load_method(m.name)
                 params = method_params(method, m, sc.train)
+                privacy = privacy_config({**sc.privacy, **m.privacy}, f"methods.{m.label}.privacy"
+                                         if m.privacy else "privacy")
+                check_run(privacy, sc.model, data)
                 for t in targets:
                     for seed in sc.seeds:
                         runs.append(dict(sc=sc, data=data, ds=ds, method=m, params=params, target=t, seed=seed,
-                                         variant=tag, sweep=assign,
+                                         variant=tag, sweep=assign, privacy=privacy,
                                          run_id=f"{ds.label}/{m.label}{tag}/{t}/s{seed}"))
     return runs
 
@@ -112,7 +116,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         "commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
         "numpy": np.__version__, "seeds": sc0.seeds, "config_sha256": hashlib.sha256(resolved.encode()).hexdigest(),
         "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
-    ledger = Ledger(root, store=sc0.store)
+    ledger = Ledger(root, store=sc0.store, rounds=sc0.store_rounds)
     sink = truth_writer(root)
     rows, summary = [], {"scenario": sc0.name, "runs": []}
     for i, r in enumerate(runs):
@@ -120,10 +124,11 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         if sc.threads:
             torch.set_num_threads(sc.threads)
         spec = RunSpec(r["run_id"], r["method"].name, r["params"], r["ds"], sc.model, r["target"], r["seed"],
-                       resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads())
+                       resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(),
+                       privacy=r["privacy"])
         info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
                     target=r["target"], seed=r["seed"], sweep=r["sweep"], params=asdict(r["params"]),
-                    plugin=r["method"].name)
+                    plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {})
         t0 = time.time()
         try:
             res = run_federation(spec, ledger, r["data"], truth_sink=sink,
@@ -142,6 +147,8 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             _write_csv(root / "metrics.csv", rows)
         summary["runs"].append(info)
         atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
+        if any(x["privacy"] for x in runs):
+            atomic_write(root / "privacy.csv", privacy_csv(ledger.envelopes))
     ledger.close()
     summary["bytes"] = bytes_table(ledger.envelopes)
     atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))

@@ -30,6 +30,7 @@ class DatasetEntry(DataConfig):
 class MethodEntry:
     name: str
     label: str = ""
+    privacy: dict = field(default_factory=dict)  # keys replacing the scenario's [privacy] for this method
     params: dict = field(default_factory=dict)   # everything else in the [[methods]] table
 
 
@@ -49,6 +50,7 @@ class Scenario:
     threads: int = 0              # torch threads; 0 = leave torch's default
     out: str = "runs"
     store: Any = "all"            # payload bytes kept: "all" | "none" | list of artifact kinds
+    store_rounds: list = field(default_factory=list)   # keep payloads of these rounds only ([] = every round)
     report: bool = True
     datasets: list = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -56,6 +58,7 @@ class Scenario:
     methods: list = field(default_factory=list)
     attacks: list = field(default_factory=list)
     sweep: dict = field(default_factory=dict)
+    privacy: dict = field(default_factory=dict)   # [privacy]: DP-SGD, artifact mechanisms, canaries (fdg_audit.privacy)
 
 
 def _names(cls) -> list[str]:
@@ -127,7 +130,7 @@ def _entries(cls, items, where: str) -> list:
     for i, t in enumerate(items):
         if not isinstance(t, dict) or "name" not in t:
             raise UserError(f"{where}[{i}] needs a name, e.g. [[{where}]] name = \"fedavg\"")
-        fixed = {k: t[k] for k in ("name", "label") if k in t}
+        fixed = {k: t[k] for k in _names(cls) if k != "params" and k in t}
         e = cls(**fixed, params={k: v for k, v in t.items() if k not in fixed})
         e.label = e.label or e.name
         out.append(e)

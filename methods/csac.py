@@ -80,7 +80,7 @@ class Params(TrainParams):
 def fusion_weights(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """Eq. 4: w_h = ||G_h - avg|| / sum ||G_h' - avg||; None when every distance is 0 (all tensors equal)."""
     stack = torch.stack([t.double() for t in tensors])
-    dist = (stack - stack.mean(0)).flatten(1).norm(dim=1)
+    dist = (stack - stack.mean(0)).reshape(len(tensors), -1).norm(dim=1)
     return None if dist.sum() == 0 else dist / dist.sum()
 
 

@@ -66,6 +66,7 @@ class DataConfig:
     val_fraction: float = 0.2
     image_size: int = 28  # folder datasets are resized to this; digits/idx are always 28
     split_seed: int = 0
+    label_skew: float = 0.0  # > 0: per-domain class proportions of the TRAIN splits ~ Dirichlet(label_skew); 0 = off
 
 
 def split_domain(name: str, x: torch.Tensor, y: np.ndarray, ids: np.ndarray, val_fraction: float, seed) -> Domain:
@@ -112,8 +113,29 @@ def _validate(cfg: DataConfig) -> None:
         raise UserError(f"data.val_fraction = {cfg.val_fraction!r} is invalid: use a number in [0, 1), e.g. 0.2")
     if not isinstance(cfg.image_size, int) or cfg.image_size < 8:
         raise UserError(f"data.image_size = {cfg.image_size!r} is invalid: use an integer >= 8, e.g. 28")
+    if not isinstance(cfg.label_skew, (int, float)) or cfg.label_skew < 0:
+        raise UserError(f"data.label_skew = {cfg.label_skew!r} is invalid: use 0 (off) or a Dirichlet concentration "
+                        f"> 0, e.g. 0.5 (smaller = more skewed, some classes absent)")
     if isinstance(cfg.domains, str):
         raise UserError(f"data.domains = {cfg.domains!r} is a string: write a list, e.g. [\"rot0\", \"rot15\"]")
+
+
+def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
+    """Label-skewed training splits: domain i draws class proportions p ~ Dirichlet(alpha) (seeded by ``seed`` and
+    i) and keeps round(n_c * p_c / max(p)) of its n_c training images of class c (the dominant class keeps all;
+    small alpha drops classes). Validation splits are unchanged."""
+    out = []
+    for i, d in enumerate(ds.domains):
+        rng = np.random.default_rng([seed, 2000 + i])
+        y = d.train.y.numpy()
+        p = rng.dirichlet(np.full(ds.num_classes, float(alpha)))
+        keep = np.zeros(len(y), dtype=bool)
+        for c in range(ds.num_classes):
+            members = np.flatnonzero(y == c)
+            keep[rng.permutation(members)[:int(round(len(members) * p[c] / p.max()))]] = True
+        sel = torch.as_tensor(np.flatnonzero(keep))
+        out.append(Domain(d.name, Split(d.train.x[sel].contiguous(), d.train.y[sel], d.train.idx[sel.numpy()]), d.val))
+    return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size)
 
 
 def load_data(cfg: DataConfig) -> DomainSet:
@@ -121,12 +143,14 @@ def load_data(cfg: DataConfig) -> DomainSet:
     _validate(cfg)
     if cfg.dataset == "digits":
         from fdg_audit.data.digits import load_digits_domains
-        return load_digits_domains(cfg)
-    if cfg.dataset == "idx":
+        ds = load_digits_domains(cfg)
+    elif cfg.dataset == "idx":
         from fdg_audit.data.idx import load_idx_domains
-        return load_idx_domains(cfg)
-    from fdg_audit.data.folders import load_folder_domains
-    return load_folder_domains(cfg)
+        ds = load_idx_domains(cfg)
+    else:
+        from fdg_audit.data.folders import load_folder_domains
+        ds = load_folder_domains(cfg)
+    return skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
 
 
 __all__ = ["DATASETS", "DataConfig", "Domain", "DomainSet", "Split", "load_data", "FASHION_MNIST_ROOT"]

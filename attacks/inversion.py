@@ -1,0 +1,439 @@
+"""Update inversion (attacks.md §2, rows G1/G2/G4): rebuild a client's images from the weights it uploads.
+
+Threat models (``adversary_view``):
+  * "server" (honest-but-curious server, the default): per round t it sees the broadcast global state θ^t and
+    every client's upload θ_k^{t+1}; the observed update is Δ_k = θ_k^{t+1} − θ^t on the trainable parameters.
+  * "client" (curious client, the weaker row; cf. Wilson et al. 2024): it sees only consecutive global models
+    and its own upload. With K clients and (assumed) equal weights, θ^{t+1} − θ^t − Δ_me/K is the mean of the
+    other K − 1 updates; the attack models K − 1 virtual clients with their own dummy sets and scores the
+    reconstructions against the union of the other clients' training sets (victim "a+b").
+The protocol is public (Kerckhoffs): lr, optimizer (sgd/adam), momentum, weight decay, batch size B,
+local_steps / local_epochs come from ``view.params``; the victim's data size n_k from its ``n_samples`` message
+(a curious client assumes the others hold as many images as it does). FedSGD is ``local_steps = 1``.
+
+Attack (Inverting Gradients, Geiping et al. 2020, with the FedAvg unrolling of breaching's multi-step user):
+  * dummy images x̂ in [0, 1] (``box`` = "clamp": projected after every step, as breaching; or "sigmoid"),
+    uniform random start, ``restarts`` of them optimised together (torch.func.vmap), the best objective kept;
+  * the client's local training is simulated exactly and differentiably: torch.func.functional_call + grad for
+    every local step with the known optimizer (torch's SGD with momentum / weight decay, or Adam), momentum
+    buffers starting at zero (clients build a fresh optimizer each round), so at the true images, labels and
+    batch order the simulated update equals the observed one (objective 0; tests/test_inversion.py);
+  * the batch order is unknown: the dummy set holds the images of one pass over the data the round touched
+    (min(steps·B, n_k), capped at ``max_images``), step s uses its slice as the client's epoch loop would
+    (last batch of an epoch shorter), later epochs reuse the same slices (breaching's multi-step user; Dimitrov
+    et al. tie one variable per epoch instead — not done here); with a ``max_images`` cap slices wrap around;
+  * objective 1 − cos(simulated update, observed update) over all trainable parameters + ``tv`` · TV(x̂)
+    (mean absolute neighbour differences); Adam on the signed gradient, lr ``lr`` × 0.1 at 3/8, 5/8, 7/8 of
+    ``iterations``; stop early when the best objective improved by < 1e-5 (relative) over 1000 iterations;
+  * BatchNorm: the simulation uses batch statistics (train mode). With ``bn_prior`` > 0 and running statistics
+    in the upload (G4), the simulated running mean/var (same momentum recursion as torch) must also match the
+    uploaded ones: + bn_prior · Σ_l relative squared error (DeepInversion's prior, here exact at the truth).
+Labels are never given: ``recover_labels`` reads them off the last layer. One image in one step: iDLG (the
+only row of ∇W_last with a negative sum). Otherwise the bias-based count estimator: per step the bias gradient
+is p̄ − n_c/b, so summed over T steps n_c ≈ b·(T·p̄_c − Σ_s g_s,c), where Σ_s g_s is −Δb/lr (momentum-weighted
+step count and weight decay removed) and p̄ is the model's mean softmax on random probe images at θ^t and
+θ^{t+1} (Dimitrov et al. interpolate between the two models the same way). Counts are rounded by largest
+remainder and dealt to the dummy images in a seeded random order. The labels are scored as ``label_acc`` of the
+matched images and, when the round covers the whole training set, as an Estimate("label_counts").
+A labels-given oracle is not a plugin variant (truth never reaches ``run``); tests/test_inversion.py runs the
+same ``invert`` with the true labels and reports it separately.
+
+Scoring (the shared scorer): the client does not record its batches, so reconstructions are matched to the
+victim's whole training set with the Hungarian algorithm on MSE (IIP-like), the mean image matched the same way
+is the baseline. SSIM is plain Gaussian-window SSIM (not breaching's CW-SSIM).
+
+Deviations from the paper/breaching: TV weight 0.05 and 400 iterations by default (CPU-sized; tuned on the
+embedded digits, whose black background favours a strong TV prior); breaching's IG uses 24 000 iterations,
+TV 0.2 (ImageNet) / 1e-3 (its CIFAR FedAvg notebook) and 1 restart; full strength on a GPU: iterations = 24000,
+restarts = 4, max_images = 0 (whole round). Only rounds in ``rounds`` are attacked (default the first).
+Methods whose local objective is not plain cross-entropy (FedSR, COPA, ...) are attacked as if it were (a model
+mismatch an attacker who knows the method would remove; adding the method's loss is future work).
+"""
+from __future__ import annotations
+
+import sys
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction
+from fdg_audit.errors import UserError
+
+
+@dataclass
+class Params(AttackParams):
+    adversary_view: str = "server"    # server (each client's upload) | client (consecutive global models)
+    rounds: list = field(default_factory=lambda: [1])   # rounds attacked; [] = every round
+    iterations: int = 400             # CPU default; full strength 24000 (breaching IG)
+    restarts: int = 2                 # optimised together; the best objective is kept
+    lr: float = 0.1                   # Adam step on the signed gradient, decayed x0.1 at 3/8, 5/8, 7/8
+    tv: float = 0.05                  # total-variation weight
+    box: str = "clamp"                # clamp (project onto [0, 1]) | sigmoid (x = sigmoid(z))
+    max_images: int = 64              # cap on the dummy set per client-round (0 = no cap)
+    bn_prior: float = 0.0             # weight of the BN running-statistics term (models with BatchNorm)
+    probes: int = 64                  # random images for the mean softmax of the label-count estimator
+    seed: int = 0
+
+
+@dataclass
+class Protocol:
+    """The public local-training protocol (``view.params``)."""
+    lr: float = 0.01
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    batch_size: int = 32
+    local_steps: int = 0
+    local_epochs: int = 1
+
+    @classmethod
+    def of(cls, params: dict) -> "Protocol":
+        return cls(**{k: params[k] for k in cls.__dataclass_fields__ if k in params})
+
+
+# --------------------------------------------------------------------------------- simulation
+
+def schedule(n: int | None, pr: Protocol, max_images: int = 0, offset: int = 0) -> tuple[list[torch.Tensor], int]:
+    """Per local step, the indices into a dummy set (starting at ``offset``) that the step trains on, and the
+    dummy set's size: one pass over the data the round touched, batches as ``Client.batches`` cuts them."""
+    b = pr.batch_size if n is None else min(pr.batch_size, n)
+    per_epoch = [b] * (n // b) + ([n % b] if n % b else []) if n is not None else None
+    total = pr.local_steps if pr.local_steps > 0 else pr.local_epochs * len(per_epoch)
+    sizes = [b] * total if per_epoch is None else [per_epoch[s % len(per_epoch)] for s in range(total)]
+    starts = [0] * total
+    for s in range(1, total):
+        starts[s] = 0 if per_epoch is not None and s % len(per_epoch) == 0 else starts[s - 1] + sizes[s - 1]
+    used = sum(sizes) if n is None else min(n, sum(sizes))
+    m = min(used, max_images) if max_images > 0 else used
+    return [offset + torch.arange(a, a + z) % m for a, z in zip(starts, sizes)], m
+
+
+class _BNStats:
+    """Forward pre-hooks on BatchNorm layers recording batch mean / unbiased var of their inputs (the
+    quantities torch folds into running statistics); works under vmap since nothing is updated in place."""
+
+    def __init__(self, net: torch.nn.Module):
+        self.names = [k for k, m in net.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        self.momentum = {k: m.momentum for k, m in net.named_modules() if k in self.names}
+        self.log = None
+        for k, m in net.named_modules():
+            if k in self.names:
+                m.register_forward_pre_hook(lambda mod, inp, k=k: self._hook(k, inp[0]))
+
+    def _hook(self, k, x):
+        if self.log is not None:
+            dims = [0] + list(range(2, x.dim()))
+            self.log.append((k, x.mean(dims), x.var(dims, unbiased=True)))
+
+
+def _opt_step(p: dict, g: dict, st: dict, t: int, pr: Protocol) -> dict:
+    """One step of torch.optim.SGD (dampening 0, no Nesterov) or torch.optim.Adam (defaults), functionally."""
+    out = {}
+    for k in p:
+        d = g[k] + pr.weight_decay * p[k] if pr.weight_decay else g[k]
+        if pr.optimizer == "adam":
+            m = st[k, "m"] = 0.9 * st[k, "m"] + 0.1 * d if t else 0.1 * d
+            v = st[k, "v"] = 0.999 * st[k, "v"] + 0.001 * d * d if t else 0.001 * d * d
+            denom = (v + 1e-30).sqrt() / (1 - 0.999 ** (t + 1)) ** 0.5 + 1e-8   # +1e-30: finite grad at v = 0
+            out[k] = p[k] - pr.lr / (1 - 0.9 ** (t + 1)) * m / denom
+        else:
+            if pr.momentum:
+                d = st[k] = pr.momentum * st[k] + d if t else d
+            out[k] = p[k] - pr.lr * d
+    return out
+
+
+def simulate(net, params: dict, x: torch.Tensor, y: torch.Tensor, parties: list[list[torch.Tensor]],
+             pr: Protocol, bn: _BNStats | None = None):
+    """Differentiable local training from ``params`` of every party (its steps index x, y); returns the mean
+    update over parties {name: θ_T − θ_0} and, when ``bn`` is given, the mean simulated running statistics
+    {(layer, "mean"|"var"): value} given the starting ones in ``bn.start``."""
+    deltas, stats = [], []
+    for steps in parties:
+        p, st, run = dict(params), {}, dict(bn.start) if bn is not None else None
+        for t, idx in enumerate(steps):
+            xs, ys = x[idx], y[idx]
+            if bn is not None:
+                bn.log = []
+            g = grad(lambda q: F.cross_entropy(functional_call(net, q, (xs,)), ys))(p)
+            if bn is not None:
+                for k, mu, var in bn.log:
+                    mo = bn.momentum[k]
+                    run[k, "mean"] = (1 - mo) * run[k, "mean"] + mo * mu
+                    run[k, "var"] = (1 - mo) * run[k, "var"] + mo * var
+                bn.log = None
+            p = _opt_step(p, g, st, t, pr)
+        deltas.append({k: p[k] - params[k] for k in params})
+        stats.append(run)
+    mean = {k: sum(d[k] for d in deltas) / len(deltas) for k in params}
+    if bn is None:
+        return mean
+    return mean, {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
+
+
+def cosine_loss(sim: dict, obs: dict) -> torch.Tensor:
+    dot = sum((sim[k] * obs[k]).sum() for k in obs)
+    ns = sum(sim[k].pow(2).sum() for k in obs)
+    no = sum(obs[k].pow(2).sum() for k in obs)
+    return 1 - dot / (ns.sqrt() * no.sqrt()).clamp_min(1e-30)
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
+
+
+# --------------------------------------------------------------------------------- labels
+
+def grad_sum(delta: torch.Tensor, theta: torch.Tensor, pr: Protocol, steps: list[int]) -> torch.Tensor:
+    """Σ_s ∇_s (the summed mini-batch gradients) estimated from one parameter's update Δ after ``steps``
+    local steps of each party: SGD moves by −lr·Σ_s c_s (g_s + wd·θ_s) with c_s = Σ_{r<T-s} μ^r, taken as
+    its mean c̄ (θ_s ≈ θ^t); Adam's first step only keeps the sign, so Adam returns −Δ (a direction)."""
+    if pr.optimizer == "adam":
+        return -delta
+    cs = [sum(pr.momentum ** r for r in range(T - s)) for T in steps for s in range(T)]
+    return -delta / (pr.lr * float(np.mean(cs))) - len(cs) * pr.weight_decay * theta
+
+
+def largest_remainder(x: np.ndarray, total: int) -> np.ndarray:
+    x = np.clip(np.nan_to_num(np.asarray(x, dtype=np.float64)), 0, None)
+    x = x * total / x.sum() if x.sum() > 0 else np.full(len(x), total / len(x))
+    c = np.floor(x).astype(np.int64)
+    c[np.argsort(-(x - c), kind="stable")[:total - c.sum()]] += 1
+    return c
+
+
+def recover_labels(gw: torch.Tensor, gb: torch.Tensor, p_mean: torch.Tensor, visits: int, n_steps: int
+                   ) -> np.ndarray:
+    """Label counts (per class, summing to ``visits``) from the summed last-layer gradients ``gw`` (K, D) and
+    ``gb`` (K,). One visit: iDLG, argmin_c Σ_j gw[c, j] (needs non-negative features, e.g. a ReLU before the
+    head). Otherwise the bias-based estimator n_c = b̄·(T·p̄_c − gb_c) with b̄ = visits / T."""
+    k = gb.shape[0]
+    if visits == 1:
+        return np.bincount([int(gw.sum(1).argmin())], minlength=k)
+    est = visits / n_steps * (n_steps * p_mean - gb)
+    return largest_remainder(est.detach().cpu().numpy(), visits)
+
+
+@torch.no_grad()
+def mean_softmax(net, states: list[dict], shape: tuple, n: int, gen: torch.Generator, device) -> torch.Tensor:
+    """The mean softmax output on ``n`` uniform random images, averaged over the given parameter states."""
+    x = torch.rand((n, *shape), generator=gen).to(device)
+    return torch.stack([functional_call(net, s, (x,)).softmax(1).mean(0) for s in states]).mean(0)
+
+
+# --------------------------------------------------------------------------------- optimisation
+
+def invert(net, params: dict, obs: dict, y: torch.Tensor, parties: list[list[torch.Tensor]], pr: Protocol,
+           shape: tuple, p: Params, gen: torch.Generator, bn: _BNStats | None = None,
+           obs_bn: dict | None = None) -> tuple[torch.Tensor, float]:
+    """Inverting Gradients over ``p.restarts`` dummy sets at once; returns the best images (M, C, H, W) in
+    [0, 1] and their objective (gradient-matching term, regularisers included)."""
+    dev, m = y.device, len(y)
+    obs = {k: obs[k].detach() for k in params}
+    u = torch.rand((p.restarts, m, *shape), generator=gen).to(dev)
+    z = (torch.logit(u.clamp(0.01, 0.99)) if p.box == "sigmoid" else u).requires_grad_(True)
+    img = (lambda z: torch.sigmoid(z)) if p.box == "sigmoid" else (lambda z: z)
+
+    def objective(x):
+        if bn is not None and obs_bn:
+            sim, run = simulate(net, params, x, y, parties, pr, bn)
+            bn_term = sum((run[k] - v).pow(2).sum() / v.pow(2).sum().clamp_min(1e-12) for k, v in obs_bn.items())
+            return cosine_loss(sim, obs) + p.tv * total_variation(x) + p.bn_prior * bn_term
+        return cosine_loss(simulate(net, params, x, y, parties, pr), obs) + p.tv * total_variation(x)
+
+    f = vmap(objective)
+    opt = torch.optim.Adam([z], lr=p.lr)
+    its = max(1, p.iterations)
+    sched = torch.optim.lr_scheduler.MultiStepLR(opt, [its * 3 // 8, its * 5 // 8, its * 7 // 8], 0.1)
+    best = torch.full((p.restarts,), float("inf"), device=dev)
+    best_x = img(z).detach().clone()
+    mark = float("inf")
+    for it in range(its):
+        x = img(z)
+        loss = f(x)
+        with torch.no_grad():
+            better = loss < best
+            best = torch.where(better, loss.detach(), best)
+            best_x[better] = x[better].detach()
+        (gz,) = torch.autograd.grad(loss.sum(), z)
+        z.grad = gz.sign()
+        opt.step()
+        sched.step()
+        if p.box == "clamp":
+            with torch.no_grad():
+                z.clamp_(0, 1)
+        if (it + 1) % 1000 == 0:
+            b = float(best.min())
+            if mark - b < 1e-5 * abs(mark):
+                break
+            mark = b
+    k = int(best.argmin())
+    return best_x[k], float(best[k])
+
+
+# --------------------------------------------------------------------------------- plugin
+
+class UpdateInversion(Attack):
+    name = "update_inversion"
+    consumes = ("weights",)
+    adversary = "server"
+    aux = ()
+    target = "reconstruction"
+    Params = Params
+
+    def __init__(self, params=None, device: str = "cpu"):
+        super().__init__(params, device)
+        if self.p.adversary_view not in ("server", "client"):
+            raise UserError(f"update_inversion: adversary_view = {self.p.adversary_view!r}; use \"server\" or "
+                            "\"client\"")
+        if self.p.box not in ("clamp", "sigmoid"):
+            raise UserError(f"update_inversion: box = {self.p.box!r}; use \"clamp\" or \"sigmoid\"")
+        if self.p.restarts < 1 or self.p.iterations < 1:
+            raise UserError("update_inversion: restarts and iterations must be >= 1")
+        self.adversary = self.p.adversary_view
+
+    def _gen(self, *keys) -> torch.Generator:
+        return torch.Generator().manual_seed(zlib.crc32(repr((self.p.seed, *keys)).encode()))
+
+    def _prepare(self, view, theta: dict):
+        """The attacker's model at θ^t: trainable parameters (dict), BN hooks (if any), shape."""
+        net = view.model(theta).train()
+        bn = _BNStats(net) if self.p.bn_prior > 0 else None
+        names = [k for k, v in net.named_parameters() if v.requires_grad]
+        torch.func.replace_all_batch_norm_modules_(net)   # batch statistics only, no in-place buffer updates
+        params = {k: theta[k].to(self.device).float() for k in names}
+        if bn is not None:
+            bn.start = {(k, s): theta[f"{k}.running_{s}"].to(self.device).float()
+                        for k in bn.names for s in ("mean", "var") if f"{k}.running_{s}" in theta}
+            if len(bn.start) < 2 * len(bn.names) or not bn.names:
+                bn = None
+        return net, params, bn
+
+    def attack_update(self, view, theta: dict, after: dict, obs: dict, parties, gen: torch.Generator,
+                      obs_bn: dict | None = None):
+        """Labels then images for one observed (mean) update; returns images, labels, counts per visit."""
+        pr = Protocol.of(view.params)
+        net, params, bn = self._prepare(view, theta)
+        c, s, _ = view.shape
+        shape = (c, s, s)
+        steps = [len(st) for st in parties]
+        visits = sum(len(i) for st in parties for i in st)
+        m = int(max(int(i.max()) for st in parties for i in st) + 1)
+        hw, hb, j = "head.weight", "head.bias", len(parties)
+        gw = grad_sum(j * obs[hw], params[hw], pr, steps)
+        gb = grad_sum(j * obs[hb], params[hb], pr, steps)
+        states = [params, {k: params[k] + after[k].to(self.device).float() - theta[k].to(self.device).float()
+                           for k in params}]
+        pbar = mean_softmax(net, states, shape, self.p.probes, gen, self.device)
+        counts = recover_labels(gw, gb, pbar, visits, sum(steps))
+        labels = np.repeat(np.arange(len(counts)), largest_remainder(counts, m))
+        labels = labels[torch.randperm(m, generator=gen).numpy()]
+        y = torch.as_tensor(labels, device=self.device)
+        obs = {k: obs[k].to(self.device).float() for k in params}
+        x, _ = invert(net, params, obs, y, parties, pr, shape, self.p, gen, bn,
+                      {k: v.to(self.device).float() for k, v in obs_bn.items()} if bn is not None and obs_bn else None)
+        return x, labels, counts
+
+    def run(self, view, aux):
+        pr = Protocol.of(view.params)
+        rounds = [self.p.rounds] if isinstance(self.p.rounds, int) else list(self.p.rounds)
+        outs = []
+        if self.p.adversary_view == "server":
+            victims = view.clients[:self.p.max_victims or None]
+            for v in victims:
+                n = view.messages(kind="n_samples", sender=v)
+                n = int(n[0].payload["n"]) if n else None
+                if n is None and pr.local_steps <= 0:
+                    print(f"update_inversion: no n_samples from {v}; epoch-based training cannot be unrolled, "
+                          "skipped", file=sys.stderr)
+                    continue
+                for t in self._rounds(view, rounds):
+                    down = view.messages(kind="weights", sender="server", receiver=v, round=t)
+                    up = view.messages(kind="weights", sender=v, round=t)
+                    if not down or not up:
+                        continue
+                    theta, after = down[0].payload.arrays, up[0].payload.arrays
+                    obs = {k: after[k].float() - theta[k].float() for k in after if after[k].is_floating_point()}
+                    steps, m = schedule(n, pr, self.p.max_images)
+                    obs_bn = {(k.rsplit(".", 1)[0], k.rsplit("_", 1)[1]): after[k] for k in after
+                              if k.endswith(("running_mean", "running_var"))}
+                    x, labels, counts = self.attack_update(view, theta, after, obs, [steps], self._gen(v, t), obs_bn)
+                    outs.append(Reconstruction(v, "weights", t, x, labels=labels))
+                    visits = sum(len(i) for i in steps)
+                    if n is not None and visits >= n:   # the round covered the whole training set
+                        outs.append(Estimate(v, "weights", t, "label_counts", counts * n / visits))
+            return outs
+        me, k = view.me, len(view.clients)
+        others = [c for c in view.clients if c != me]
+        n = view.messages(kind="n_samples", sender=me)
+        n = int(n[0].payload["n"]) if n else None
+        if n is None and pr.local_steps <= 0:
+            print("update_inversion: the curious client's n_samples is unknown; skipped", file=sys.stderr)
+            return outs
+        for t in self._rounds(view, rounds):
+            down = view.messages(kind="weights", sender="server", receiver=me, round=t)
+            nxt = view.messages(kind="weights", sender="server", receiver=me, round=t + 1)
+            up = view.messages(kind="weights", sender=me, round=t)
+            if not down or not nxt or not up:
+                continue
+            theta, new, mine = down[0].payload.arrays, nxt[0].payload.arrays, up[0].payload.arrays
+            obs = {key: (new[key].float() - theta[key].float() - (mine[key].float() - theta[key].float()) / k)
+                   * k / (k - 1) for key in new if new[key].is_floating_point()}
+            parties, off = [], 0
+            for _ in others:
+                steps, m = schedule(n, pr, self.p.max_images, off)
+                parties.append(steps)
+                off += m
+            after = {key: theta[key].float() + obs[key] for key in obs}
+            x, labels, _ = self.attack_update(view, theta, after, obs, parties, self._gen(me, t))
+            outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels))
+        return outs
+
+    @staticmethod
+    def _rounds(view, rounds: list) -> list[int]:
+        seen = sorted({m.round for m in view.messages(kind="weights", sender="server")} - {0})
+        return [t for t in seen if not rounds or t in rounds]
+
+    def control(self):
+        """Positive: one embedded digit, FedSGD batch 1 on cnn_small (GroupNorm) → PSNR ≥ 20 dB and the iDLG
+        label right. Negative: a pure-noise "update" (no image behind it) must not produce an image within
+        20 dB of any of the candidate digits (the prior alone does not reconstruct)."""
+        from fdg_audit import metrics as M
+        from fdg_audit.data import DataConfig, load_data
+        from fdg_audit.federation import TrainParams, make_optimizer
+        from fdg_audit.models import ModelConfig, build_model
+
+        dev = self.device
+        d = load_data(DataConfig(domains=["rot0"], per_domain=60)).domains[0].train
+        torch.manual_seed(self.p.seed)
+        net = build_model(ModelConfig("cnn_small"), 1, 10, 28).to(dev)
+        theta = {k: v.detach().clone() for k, v in net.state_dict().items()}
+        tp = TrainParams(lr=0.05, batch_size=1, local_steps=1)
+        x0, y0 = d.x[:1].to(dev), d.y[:1].to(dev)
+        opt = make_optimizer(tp, net.parameters())
+        F.cross_entropy(net(x0), y0).backward()
+        opt.step()
+        obs = {k: v.detach() - theta[k] for k, v in net.state_dict().items()}
+        pr = Protocol.of(vars(tp))
+        steps, _ = schedule(None, pr)
+        net0 = build_model(ModelConfig("cnn_small"), 1, 10, 28).to(dev)
+        net0.load_state_dict(theta)
+        params = {k: v.detach() for k, v in net0.named_parameters()}
+        gw = grad_sum(obs["head.weight"], params["head.weight"], pr, [1])
+        gb = grad_sum(obs["head.bias"], params["head.bias"], pr, [1])
+        label = int(recover_labels(gw, gb, torch.full((10,), 0.1, device=dev), 1, 1).argmax())
+        y = torch.tensor([label], device=dev)
+        x, _ = invert(net0, params, obs, y, [steps], pr, (1, 28, 28), self.p, self._gen("control"))
+        ps = float(M.psnr(x.clamp(0, 1).cpu(), x0.cpu()).squeeze())
+        noise = {k: torch.randn(v.shape, generator=self._gen("noise", k)).to(dev) * v.norm() / v.numel() ** 0.5
+                 for k, v in obs.items()}
+        xn, _ = invert(net0, params, noise, y, [steps], pr, (1, 28, 28), self.p, self._gen("control-noise"))
+        pool = d.x.to(dev)
+        pn = float(M.psnr(xn.expand_as(pool).clamp(0, 1).cpu(), pool.cpu()).max())
+        return [Control("fedsgd_bs1_cnn_small_psnr", "psnr", ps, 20.0),
+                Control("fedsgd_bs1_idlg_label", "label_acc", float(label == int(y0)), 1.0),
+                Control("noise_update_best_psnr", "psnr", pn, 20.0, positive=False)]

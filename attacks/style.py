@@ -1,0 +1,324 @@
+"""Attacks on CCST style banks (attacks.md §5.2, table rows S1, S3, S4).
+
+What CCST sends (methods/ccst.py): per client a style bank, arrays ``{"mean": (J, D), "std": (J, D)}`` of the
+public encoder phi's channel statistics (J = 1 for the overall style, J per-image styles in single mode), uploaded to
+the server (phase ``style``) and relayed to every client (phase ``bank``, arrays ``"<client>/mean"``,
+``"<client>/std"``). A curious client (default adversary) reads the other clients' entries from the relay; the
+server reads the uploads. phi is public (rebuilt from ``view.params``: encoder kind, width, kernel, seed).
+
+* ``StyleFingerprint`` ("style_fingerprint"): recompute the candidate images' per-image styles with phi and score
+  each by minus its distance to the nearest bank entry, on a gain-invariant signature (log std minus its channel
+  average, standardised per dimension with the candidates' spread; [mean, log std] loses to gain changes). Variants: "exact" (the attacker holds the same image files) and "perturbed" (the
+  attacker's copies are shifted by up to +-2 px, gain +-10 %, Gaussian noise sigma 0.02). Membership is training
+  membership, so only a bank of every training image (``bank_size = 0``) makes members and bank entries coincide;
+  with J < N at most a J/N share of members can be found. Overall styles (J = 1) are no per-image fingerprint.
+  Controls: exact copies in the bank give AUC 1 (positive); a bank of other images gives AUC ~ 0.5 (negative).
+* ``StyleAttribute`` ("style_attribute"): logistic regression on standardised [mean, log std], trained on the
+  styles of the attacker's labelled samples of each source domain (``domain_samples``): the domain (labels in
+  ``aux.domains`` order) and, for per-image styles, the class of every bank entry. For overall styles the
+  training set is overall styles of random halves of each domain's samples and only the domain is predicted.
+  In this testbed a client's id is its domain name; the attack ignores ids. Controls: a separable synthetic
+  attribute is found (positive), shuffled labels stay near chance (negative).
+* ``StyleInversion`` ("style_inversion"): DeepInversion-style statistic matching (Yin et al. 2020): Adam on pixels
+  in [0, 1] minimising sum_d (mu_d(phi(x)) - mu*_d)^2 + (sigma_d(phi(x)) - sigma*_d)^2 (normalised by the target's
+  scale) + tv * TV(x), batched over bank entries, from the attacker's public mean image. Per-image styles are
+  scored row by row (truth ``style``); an overall style drives a batch of ``overall_batch`` images whose pooled
+  statistics must match it, matched to the victim's training images (Hungarian). Baseline: the public mean image.
+  Variant "flat" optimises one colour per image instead of pixels: the part of the PSNR that the style's colour
+  and level statistics alone give. Pixel inversion beating "flat" is what would show layout being recovered.
+  Positive control: layout-free images (flat colours), which their statistics determine, come back >= 25 dB.
+
+CCST's own test (a GAN generator trained from style to image) is not reproduced: no public same-modality image
+set of useful size exists here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fdg_audit import metrics as M
+from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped
+from methods.ccst import Params as CCSTParams
+from methods.ccst import build_encoder, image_styles
+
+KIND = "style_bank"
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+def style_entries(view, max_victims: int = 0) -> list[tuple[str, int, torch.Tensor, torch.Tensor]]:
+    """(victim, round, mean (J, D), std (J, D)) for every other party's style bank this adversary observed:
+    uploads first, then the server's relay to this adversary. A party's own bank and repeats are skipped."""
+    found: dict[str, tuple] = {}
+    for m in sorted(view.messages(kind=KIND), key=lambda m: m.sender == "server"):
+        if m.sender != "server":
+            if m.sender != view.me:
+                a = m.payload.arrays
+                found.setdefault(m.sender, (m.round, a["mean"], a["std"]))
+        elif m.receiver == view.me:
+            a = m.payload.arrays
+            for k in a:
+                victim, _, name = k.rpartition("/")
+                if name == "mean" and victim and victim != view.me:
+                    found.setdefault(victim, (m.round, a[k], a[f"{victim}/std"]))
+    out = [(v, r, mu.float(), sd.float()) for v, (r, mu, sd) in sorted(found.items())]
+    return out[:max_victims] if max_victims else out
+
+
+def style_vector(mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    return torch.cat([mean, std.clamp_min(1e-6).log()], 1)
+
+
+def perturb(x: torch.Tensor, gen: torch.Generator, shift: int = 2, gain: float = 0.1, noise: float = 0.02):
+    """The attacker's imperfect copies: integer shifts up to +-shift px (border fill), gain, Gaussian noise."""
+    n, _, h, w = x.shape
+    s = torch.randint(-shift, shift + 1, (n, 2), generator=gen).float()
+    theta = torch.zeros(n, 2, 3)
+    theta[:, 0, 0] = theta[:, 1, 1] = 1
+    theta[:, 0, 2], theta[:, 1, 2] = 2 * s[:, 0] / w, 2 * s[:, 1] / h
+    grid = F.affine_grid(theta.to(x.device), list(x.shape), align_corners=False)
+    y = F.grid_sample(x, grid, mode="nearest", padding_mode="border", align_corners=False)
+    g = 1 + (torch.rand(n, 1, 1, 1, generator=gen) * 2 - 1) * gain
+    return (y * g.to(x.device) + noise * torch.randn(x.shape, generator=gen).to(x.device)).clamp(0, 1)
+
+
+def total_variation(x: torch.Tensor) -> torch.Tensor:
+    """Mean absolute difference of neighbouring pixels, per image (N,)."""
+    return (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1) + \
+        (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
+
+
+def optimise_images(loss_fn, init: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
+    """Adam on pixels kept in [0, 1]; ``loss_fn(x) -> (N,)`` per-image losses (summed, so images are independent)."""
+    x = init.clone().requires_grad_(True)
+    opt = torch.optim.Adam([x], lr=lr)
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss_fn(x).sum().backward()
+        opt.step()
+        with torch.no_grad():
+            x.clamp_(0, 1)
+    return x.detach()
+
+
+def fit_classifier(z: np.ndarray, y: np.ndarray):
+    """Standardised multinomial logistic regression; returns predict(z) -> labels."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    if len(np.unique(y)) == 1:
+        return lambda q: np.full(len(q), y[0])
+    clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(z, y)
+    return clf.predict
+
+
+def _encoder(view, device):
+    return build_encoder(view.params, view.shape[0], device)
+
+
+# ------------------------------------------------------------------------------------------ fingerprint
+
+@dataclass
+class FingerprintParams(AttackParams):
+    variants: tuple = ("exact", "perturbed")
+    seed: int = 0
+
+
+def signature(std: torch.Tensor) -> torch.Tensor:
+    """Gain-invariant style signature: log std minus its mean over channels (a gain g shifts every log std by
+    log g; the channel means carry little beyond the mean colour)."""
+    ls = std.clamp_min(1e-6).log()
+    return ls - ls.mean(1, keepdim=True)
+
+
+def fingerprint_scores(enc, bank_mean, bank_std, x: torch.Tensor) -> np.ndarray:
+    """Minus the standardised distance of each candidate's signature to its nearest bank entry (higher = member)."""
+    _, cs = image_styles(enc, x)
+    zc, zb = signature(cs), signature(bank_std.to(cs))
+    mu, sd = zc.mean(0), zc.std(0).clamp_min(1e-6)
+    d = torch.cdist((zc - mu) / sd, (zb - mu) / sd)
+    return (-d.min(1).values).cpu().double().numpy()
+
+
+class StyleFingerprint(Attack):
+    name = "style_fingerprint"
+    consumes = (KIND,)
+    adversary = "client"
+    aux = ("candidates",)
+    target = "membership"
+    Params = FingerprintParams
+
+    def run(self, view, aux):
+        enc = _encoder(view, self.device)
+        gen = torch.Generator().manual_seed(self.p.seed)
+        outs = []
+        for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
+            cand = aux.candidates[victim].x.to(self.device)
+            for v in self.p.variants:
+                x = cand if v == "exact" else perturb(cand, gen)
+                outs.append(Scores(victim, KIND, rnd, fingerprint_scores(enc, mean, std, x), variant=v))
+        return outs
+
+    def control(self):
+        gen = torch.Generator().manual_seed(self.p.seed)
+        enc = build_encoder(CCSTParams(), 3, self.device)
+        x = _toy_images(64, gen).to(self.device)
+        other = _toy_images(32, gen).to(self.device)
+        lab = np.r_[np.ones(32), np.zeros(32)]
+        m, s = image_styles(enc, x[:32])
+        pos = M.auc(fingerprint_scores(enc, m, s, x), lab)
+        m2, s2 = image_styles(enc, other)
+        neg = M.auc(fingerprint_scores(enc, m2, s2, x), lab)
+        return [Control("exact copies in the bank: AUC", "auc", pos, 0.999),
+                Control("bank of other images: AUC", "auc", neg, 0.75, positive=False)]
+
+
+def _toy_images(n: int, gen: torch.Generator, size: int = 16) -> torch.Tensor:
+    """Random smooth colour images (coarse noise upsampled) with a random blob: distinct per-image statistics."""
+    coarse = torch.rand(n, 3, 4, 4, generator=gen)
+    x = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+    yy, xx = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    c = torch.rand(n, 2, generator=gen) * size
+    r = 2 + torch.rand(n, generator=gen) * 4
+    blob = (((yy - c[:, 0, None, None]) ** 2 + (xx - c[:, 1, None, None]) ** 2) < r[:, None, None] ** 2).float()
+    return (x * (1 - blob[:, None]) + blob[:, None] * torch.rand(n, 3, 1, 1, generator=gen)).clamp(0, 1)
+
+
+# ------------------------------------------------------------------------------------------ attributes
+
+@dataclass
+class AttributeParams(AttackParams):
+    shadow_sets: int = 32        # overall styles: shadow overall styles per domain (random halves of its samples)
+    seed: int = 0
+
+
+class StyleAttribute(Attack):
+    name = "style_attribute"
+    consumes = (KIND,)
+    adversary = "client"
+    aux = ("domain_samples",)
+    target = "attribute"
+    Params = AttributeParams
+
+    def run(self, view, aux):
+        enc = _encoder(view, self.device)
+        rng = np.random.default_rng(self.p.seed)
+        doms = aux.domains
+        per_image = view.params.get("style") == "single"
+        z, yd, yc = [], [], []
+        for i, d in enumerate(doms):
+            s = aux.domain_samples[d]
+            x = s.x.to(self.device)
+            if per_image:
+                z.append(style_vector(*image_styles(enc, x)))
+                yd.append(np.full(len(s), i))
+                yc.append(s.y.numpy())
+            else:
+                from methods.ccst import overall_style
+                for _ in range(self.p.shadow_sets):
+                    sub = torch.as_tensor(rng.choice(len(s), max(1, len(s) // 2), replace=False), device=self.device)
+                    z.append(style_vector(*overall_style(enc, x[sub])))
+                    yd.append(np.full(1, i))
+        z = torch.cat(z).cpu().double().numpy()
+        dom_clf = fit_classifier(z, np.concatenate(yd))
+        cls_clf = fit_classifier(z, np.concatenate(yc)) if per_image else None
+        outs = []
+        for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
+            q = style_vector(mean, std).double().numpy()
+            truth, rows = ("style", np.arange(len(q))) if per_image else ("train", np.zeros(1, dtype=int))
+            outs.append(Predictions(victim, KIND, rnd, "domain", dom_clf(q), len(doms), truth, rows))
+            if cls_clf is not None:
+                outs.append(Predictions(victim, KIND, rnd, "class", cls_clf(q), aux.num_classes, truth, rows))
+        return outs
+
+    def control(self):
+        rng = np.random.default_rng(self.p.seed)
+        z = rng.normal(size=(400, 20))
+        y = (z[:, 0] + 0.1 * rng.normal(size=400) > 0).astype(int)
+        pos = M.balanced_accuracy(fit_classifier(z[:200], y[:200])(z[200:]), y[200:], 2)
+        yr = rng.integers(0, 2, 400)
+        neg = M.balanced_accuracy(fit_classifier(z[:200], yr[:200])(z[200:]), yr[200:], 2)
+        return [Control("separable synthetic attribute: balanced acc", "balanced_acc", pos, 0.85),
+                Control("random labels: balanced acc", "balanced_acc", neg, 0.65, positive=False)]
+
+
+# ------------------------------------------------------------------------------------------ inversion
+
+@dataclass
+class InversionParams(AttackParams):
+    steps: int = 200
+    lr: float = 0.05
+    tv: float = 0.05
+    max_images: int = 32         # per-image styles inverted per victim (the first rows); 0 = all
+    overall_batch: int = 16      # images synthesised for one overall style
+    variants: tuple = ("pixels", "flat")   # flat: one colour per image (what the statistics give without layout)
+    seed: int = 0
+
+
+def stats_loss(enc, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, pooled: bool = False) -> torch.Tensor:
+    """Per-image (N,) squared error of phi's channel (mean, std) to the targets, relative to the targets' scale;
+    ``pooled``: one statistic over the whole batch (overall style), spread evenly over the images."""
+    f = enc(x)
+    if pooled:
+        f = f.transpose(0, 1).flatten(1)[None]                              # (1, D, N*H*W)
+    else:
+        f = f.flatten(2)
+    m, s = f.mean(-1), (f.var(-1, unbiased=not pooled) + 1e-5).sqrt()
+    scale = (mean ** 2 + std ** 2).mean(1, keepdim=True)
+    err = (((m - mean) ** 2 + (s - std) ** 2) / scale).sum(1)
+    return err.expand(len(x)) / len(x) if pooled else err
+
+
+class StyleInversion(Attack):
+    name = "style_inversion"
+    consumes = (KIND,)
+    adversary = "client"
+    aux = ("public",)
+    target = "reconstruction"
+    Params = InversionParams
+
+    def invert(self, enc, mean, std, init, pooled=False, flat=False):
+        """Pixels (or, ``flat``, one colour per image) whose statistics match the style."""
+        tv = self.p.tv
+        if flat:
+            h, w = init.shape[-2:]
+            colour = optimise_images(lambda c: stats_loss(enc, c.expand(-1, -1, h, w), mean, std, pooled),
+                                     init.mean((2, 3), keepdim=True), self.p.steps, self.p.lr)
+            return colour.expand_as(init).contiguous()
+        return optimise_images(lambda x: stats_loss(enc, x, mean, std, pooled) + tv * total_variation(x),
+                               init, self.p.steps, self.p.lr)
+
+    def run(self, view, aux):
+        enc = _encoder(view, self.device)
+        gen = torch.Generator().manual_seed(self.p.seed)
+        base = aux.public.x.mean(0, keepdim=True).to(self.device)
+        single = view.params.get("style") == "single"
+        outs = []
+        for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
+            mean, std = mean.to(self.device), std.to(self.device)
+            if single:
+                rows = np.arange(min(len(mean), self.p.max_images or len(mean)))
+                mean, std, truth = mean[rows], std[rows], "style"
+            else:
+                rows, mean, std, truth = None, mean[:1], std[:1], "train"
+            n = len(rows) if single else self.p.overall_batch
+            init = (base + 0.05 * torch.randn(n, *base.shape[1:], generator=gen).to(self.device)).clamp(0, 1)
+            for v in self.p.variants:
+                rec = self.invert(enc, mean, std, init, pooled=not single, flat=v == "flat")
+                outs.append(Reconstruction(victim, KIND, rnd, rec, truth=truth, rows=rows, variant=v,
+                                           baseline=base.expand(n, -1, -1, -1)))
+        return outs
+
+    def control(self):
+        gen = torch.Generator().manual_seed(self.p.seed)
+        enc = build_encoder(CCSTParams(), 3, self.device)
+        x = torch.rand(8, 3, 1, 1, generator=gen).expand(8, 3, 16, 16).contiguous().to(self.device)
+        m, s = image_styles(enc, x)
+        init = torch.full_like(x, 0.5) + 0.05 * torch.randn(x.shape, generator=gen).to(self.device)
+        rec = self.invert(enc, m, s, init.clamp(0, 1))
+        ps = M.psnr(rec.cpu(), x.cpu())
+        return [Control("flat colours (statistics determine the image): median PSNR", "psnr",
+                        float(ps.median()), 25.0)]

@@ -1,0 +1,125 @@
+"""Sample-level DP-SGD inside ``Client.fit`` with Opacus (attacks.md §5.7).
+
+Per client, for the whole run: one ``opacus.PrivacyEngine`` (so one accountant whose history is never reset; a
+new engine per round is the classic silent bug, Opacus PR #254 / issue #688). Per call of ``fit``:
+``make_private(..., wrap_model=False)`` attaches Opacus' per-sample-gradient hooks to the client's own model (no
+``_module.`` wrapper, so state dicts keep their plain keys, issue #435), DP-SGD runs, and the hooks are removed
+(``cleanup``) before the model is sent: the ledger only ever sees a plain state dict (issues #608, #636).
+
+Sampling: Poisson, exactly Opacus' ``UniformWithReplacementSampler`` (each example joins a step's batch with
+q = 1/ceil(n/B)), driven by the client's seeded generator; ``local_epochs`` E means E * ceil(n/B) steps,
+``local_steps`` that many steps. Empty batches are steps too (zero clipped gradient + noise, accounted).
+Noise: Opacus' DPOptimizer with a generator seeded from the client's generator, so runs are reproducible and
+both engines give the same ledger.
+
+What DP-SGD can cover: a loss that is a mean of per-example terms of one forward pass. The default cross-entropy
+is; a method's own ``loss_fn`` must be marked with ``fdg_audit.privacy.per_sample`` (otherwise: UserError naming
+the method), and training on a derived split (e.g. CCST's augmented set with several rows per image) is refused,
+since the accounting unit would no longer be one training example. BatchNorm is refused (use GroupNorm).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ..errors import UserError
+from . import epsilon
+
+
+def _method(client) -> str:
+    return type(client).__module__.rpartition(".")[2] or type(client).__name__
+
+
+class DPState:
+    """What a client keeps for the whole run: the engine (with its accountant) and the index dataset."""
+
+    def __init__(self, accountant: str, n: int):
+        from opacus import PrivacyEngine
+        with warnings.catch_warnings():   # "Secure RNG turned off": we seed on purpose (reproducible ledgers)
+            warnings.simplefilter("ignore")
+            self.engine = PrivacyEngine(accountant=accountant)
+        self.index = TensorDataset(torch.arange(n))   # the same object every round: one dataset for the engine
+        self.steps = 0
+
+
+def check_loss(client, model, loss_fn, split) -> None:
+    name = _method(client)
+    if split is not None and split is not client.train:
+        raise UserError(f"privacy.dp_sgd: method {name!r} trains on a derived split, not one row per training "
+                        "example, so per-example DP-SGD accounting does not hold: drop dp_sgd for this method")
+    if loss_fn is not None and not getattr(loss_fn, "per_sample", False):
+        fn = getattr(loss_fn, "__qualname__", repr(loss_fn))
+        raise UserError(f"privacy.dp_sgd: method {name!r} trains with its own loss ({fn}), not marked as a mean of "
+                        "per-example terms, which DP-SGD cannot privatize: drop dp_sgd for this method (or, if each "
+                        "example's loss depends only on that example, mark it with fdg_audit.privacy.per_sample)")
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise UserError(f"privacy.dp_sgd: method {name!r} trains a model with BatchNorm, which DP-SGD cannot "
+                        "privatize (it mixes the examples of a batch): set model.norm = \"group\"")
+
+
+def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None = None, steps: int | None = None,
+           split=None) -> nn.Module:
+    """``Client.fit`` under DP-SGD; appends the accounting event to ``client.events``."""
+    cfg, p = client.privacy, client.params
+    check_loss(client, model, loss_fn, split)
+    train = client.train
+    n = len(train.y)
+    if client.dp_state is None:
+        client.dp_state = DPState(cfg.accountant, n)
+    st = client.dp_state
+    loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
+    opt = opt or _optimizer(p, model)
+    dev = next(model.parameters()).device
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=client.gen))
+    noise_gen = torch.Generator(device=dev).manual_seed(seed)
+    loader = DataLoader(st.index, batch_size=min(p.batch_size, n))
+    try:
+        hooks, dp_opt, dp_loader = st.engine.make_private(
+            module=model, optimizer=opt, data_loader=loader, noise_multiplier=cfg.noise_multiplier,
+            max_grad_norm=cfg.max_grad_norm, poisson_sampling=True, noise_generator=noise_gen, wrap_model=False)
+    except ValueError as e:  # e.g. optimizer parameters that are not the model's
+        raise UserError(f"privacy.dp_sgd: method {_method(client)!r} cannot be made private by Opacus: {e}") from None
+    sampler = dp_loader.batch_sampler
+    sampler.generator = client.gen
+    per_epoch = len(sampler)
+    steps = steps if steps is not None else (p.local_steps if epochs is None else 0)
+    total = steps if steps else (epochs if epochs is not None else p.local_epochs) * per_epoch
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    model.train()
+    done = 0
+    with warnings.catch_warnings():   # torch warns that full backward hooks fire on the first layer (expected)
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        try:
+            while done < total:
+                for idx in sampler:
+                    if done == total:
+                        break
+                    dp_opt.zero_grad(set_to_none=True)
+                    if idx:
+                        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
+                        loss_fn(model, train.x[j], train.y[j]).backward()
+                    else:   # an empty Poisson batch: no example, still a noised, accounted step
+                        for q in trainable:
+                            q.grad_sample = torch.zeros((0, *q.shape), device=q.device, dtype=q.dtype)
+                    dp_opt.step()
+                    done += 1
+        finally:
+            hooks.cleanup()
+            for q in model.parameters():
+                q.grad = None
+    st.steps += done
+    acc = st.engine.accountant
+    client.events.append(dict(
+        mechanism="dp_sgd", accountant=cfg.accountant, noise_multiplier=cfg.noise_multiplier,
+        clip=cfg.max_grad_norm, sample_rate=sampler.sample_rate, steps=st.steps, round_steps=done,
+        delta=cfg.delta, epsilon=epsilon(acc, cfg.delta), history=[list(h) for h in acc.history]))
+    return model
+
+
+def _optimizer(p, model):
+    from ..federation import make_optimizer
+    return make_optimizer(p, model.parameters())

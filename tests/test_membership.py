@@ -1,0 +1,128 @@
+"""Membership inference: score math, reference federations through the engine, controls, harness outputs."""
+import csv
+
+import numpy as np
+import pytest
+
+from attacks.membership import LiRA, LossAttack, RMIA, Trajectory, control_world, lira, references, rmia, \
+    target_states, trend_slope
+from fdg_audit.errors import UserError
+
+
+def test_lira_offline_and_online_separate_shifted_members():
+    rng = np.random.default_rng(0)
+    n, N = 400, 8
+    member = rng.random(n) < 0.5
+    ref_in = np.zeros((N, n), bool)
+    ref_in[: N // 2] = True                              # online: half the references trained on every x
+    hard = rng.normal(0, 1, n)                           # per-example difficulty, shared by all models
+    ref_phi = hard + rng.normal(0, 0.3, (N, n)) + 2.0 * ref_in
+    phi = hard + rng.normal(0, 0.3, n) + 2.0 * member
+    for online in (False, True):
+        s = lira(phi, ref_phi, ref_in, online)
+        assert s[member].mean() > s[~member].mean()
+        # calibration on the per-example OUT mean removes the shared difficulty: better than the raw statistic
+        from fdg_audit.metrics import auc
+        assert auc(s, member) > auc(phi, member) + 0.05
+    # offline score is the z-score against the OUT Gaussian (global variance)
+    s = lira(phi, ref_phi, np.zeros((N, n), bool), False)
+    assert np.allclose(np.argsort(s), np.argsort(phi - ref_phi.mean(0)))
+
+
+def test_rmia_counts_population_points_beaten_by_gamma():
+    px = np.array([0.9, 0.5, 0.1])
+    ref_px = np.full((2, 3), 0.5)
+    pz = np.array([0.5, 0.5, 0.5, 0.5])
+    ref_pz = np.full((2, 4), 0.5)
+    none_in = np.zeros((2, 3), bool)
+    # a = 1: Pr(x) = Pr_OUT(x) = 0.5 everywhere, so LR(x, z) = px / 0.5
+    s = rmia(px, ref_px, none_in, pz, ref_pz, a=1.0, gamma=1.5, online=False)
+    assert s.tolist() == [1.0, 0.0, 0.0]                 # only 0.9/0.5 = 1.8 > 1.5
+    s = rmia(px, ref_px, none_in, pz, ref_pz, a=1.0, gamma=0.5, online=False)
+    assert s.tolist() == [1.0, 1.0, 0.0]
+    # the score never increases when the target's probability of x falls
+    assert np.all(np.diff(rmia(px, ref_px, none_in, pz, ref_pz, 0.3, 1.0, False)) <= 0)
+
+
+def test_trend_slope_is_least_squares_slope():
+    t = np.arange(5.0)
+    losses = np.stack([3 - 0.5 * t, 1 + 0 * t, 0.2 * t], 1)
+    assert np.allclose(trend_slope(losses), [-0.5, 0.0, 0.2])
+    assert np.allclose(trend_slope(losses[:1]), 0.0)
+
+
+def test_params_are_validated():
+    with pytest.raises(UserError, match="target_model"):
+        LossAttack.Params(target_model="final")
+    with pytest.raises(UserError, match="refs >= 2"):
+        LiRA.Params(online=True, refs=1)
+    with pytest.raises(UserError, match="shadow_data"):
+        RMIA.Params(shadow_data="victims")
+
+
+def test_controls_loss_and_trajectory():
+    for atk in (LossAttack(), Trajectory()):
+        pos, neg = atk.control()
+        assert pos.positive and pos.passed and pos.value >= 0.8, (atk.name, pos)
+        assert not neg.positive and neg.passed and abs(neg.value - 0.5) < 0.15, (atk.name, neg)
+
+
+def test_references_run_the_observed_protocol_with_balanced_in_out():
+    view, aux, _, _ = control_world("cpu")
+    victims = view.clients
+    refs = references(view, aux, LiRA.Params(refs=2, online=True, ref_rounds=1), victims, online=True)
+    assert len(refs.states) == 2
+    for v in victims:
+        ins = np.stack([m[v] for m in refs.cand_in])
+        assert (ins.sum(0) == 1).all()                     # every candidate IN for exactly half the references
+        # the reference twin's model is a plain model of the observed architecture
+        assert set(refs.states[0][v]) == set(target_states(view, v, "local")[-1][1])
+    # local target: a reference twin trained only on its own share of the pool, never on population points
+    for r in range(2):
+        a, b = refs.pool_in[r][victims[0]], refs.pool_in[r][victims[1]]
+        assert a.any() and b.any() and not (a & b).any()
+    refs_g = references(view, aux, LiRA.Params(refs=1, target_model="global", ref_rounds=1), victims, online=False)
+    assert (refs_g.pool_in[0][victims[0]] == refs_g.pool_in[0][victims[1]]).all()   # global: union of clients
+
+
+def test_controls_lira_rmia_with_two_references():
+    for atk in (LiRA(LiRA.Params(refs=2)), RMIA(RMIA.Params(refs=2))):
+        pos, neg = atk.control()
+        assert pos.passed and pos.value >= 0.8, (atk.name, pos)
+        assert neg.passed, (atk.name, neg)
+
+
+def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
+    root = run_toml("""
+        name = "mia"
+        report = false
+        [data]
+        dataset = "digits"
+        domains = ["rot0", "rot15", "rot30"]
+        targets = ["rot0"]
+        [train]
+        rounds = 2
+        lr = 0.05
+        [[methods]]
+        name = "fedavg"
+        [[attacks]]
+        name = "mia_loss"
+        [[attacks]]
+        name = "mia_trajectory"
+        target_model = "global"
+    """)
+    rows = list(csv.DictReader(open(root / "leakage.csv")))
+    loss = [r for r in rows if r["attack"] == "mia_loss" and r["metric"] == "auc"]
+    assert {r["victim"] for r in loss} == {"rot15", "rot30", "pooled"}
+    assert all(r["status"] == "ok" for r in loss)
+    traj = {r["output"] for r in rows if r["attack"] == "mia_trajectory"}
+    assert traj == {"slope", "last", "mean"}
+    z = np.load(root / "mia" / "mia_loss" / "rotated__fedavg__rot0__s0.npz")
+    assert set(z.files) == {"score", "member", "victim", "variant", "round"}
+    assert len(z["score"]) == len(z["member"]) == len(z["victim"])
+    for v in ("rot15", "rot30"):
+        m = z["member"][z["victim"] == v]
+        assert m.sum() == len(m) - m.sum() > 0              # as many members as non-members per victim
+    from fdg_audit.metrics import auc
+    pooled = [r for r in loss if r["victim"] == "pooled"][0]
+    assert abs(auc(z["score"], z["member"]) - float(pooled["value"])) < 1e-9

@@ -1,0 +1,114 @@
+"""BN-statistics domain inference, dataset size, label distribution, and the label-skew data option."""
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.labels import LabelDistribution, estimate_counts, round_to_total
+from attacks.stats import DatasetSize, NormStatsDomain
+from fdg_audit.data import DataConfig, load_data
+from fdg_audit.errors import UserError
+
+BASE = """
+name = "t"
+[data]
+dataset = "digits"
+family = "appearance"
+per_domain = 100
+domains = ["grey", "colour", "inverted", "texture"]
+label_skew = 0.5
+targets = ["grey"]
+[model]
+arch = "cnn_small"
+norm = "{norm}"
+[train]
+rounds = 1
+batch_size = 16
+lr = 0.05
+"""
+
+
+def rows(root):
+    return list(csv.DictReader(open(root / "leakage.csv")))
+
+
+def test_controls_pass():
+    for atk in (LabelDistribution(), NormStatsDomain(), DatasetSize()):
+        for c in atk.control():
+            assert c.passed, (atk.name, c)
+
+
+def test_label_skew_option_drops_classes_in_train_only_and_is_deterministic():
+    plain = load_data(DataConfig(family="appearance"))
+    a = load_data(DataConfig(family="appearance", label_skew=0.3))
+    b = load_data(DataConfig(family="appearance", label_skew=0.3))
+    for dp, da, db in zip(plain.domains, a.domains, b.domains):
+        assert np.array_equal(da.train.idx, db.train.idx) and torch.equal(da.val.y, dp.val.y)
+        assert set(da.train.idx) <= set(dp.train.idx) and len(da.train.y) < len(dp.train.y)
+    assert any((np.bincount(d.train.y.numpy(), minlength=10) == 0).any() for d in a.domains)
+    with pytest.raises(UserError, match="label_skew"):
+        load_data(DataConfig(label_skew=-1.0))
+
+
+def test_count_estimator_algebra():
+    v = round_to_total(np.array([2.4, -1.0, 7.7, 0.3]), 10)
+    assert v.sum() == 10 and (v >= 0).all() and np.array_equal(v, np.round(v))
+    # T steps with the same per-step gradient g = (S - n_c)/n (every image seen T B / n times in total)
+    n, T, lr, mu = 40, 5, 0.1, 0.9
+    true = np.array([10, 0, 25, 5])
+    q = torch.tensor([0.3, 0.2, 0.4, 0.1], dtype=torch.float64)
+    g = (n * q - torch.as_tensor(true, dtype=torch.float64)) / n
+    b0 = torch.zeros(4, dtype=torch.float64)
+    assert np.array_equal(estimate_counts(b0, b0 - lr * T * g, q, q, n, T, lr), true)          # plain SGD
+    w = sum((1 - mu ** (T - s + 1)) / (1 - mu) for s in range(1, T + 1))                        # heavy ball
+    assert np.array_equal(estimate_counts(b0, b0 - lr * w * g, q, q, n, T, lr, momentum=mu), true)
+    assert not np.array_equal(estimate_counts(b0, b0 - lr * w * g, q, q, n, T, lr), true)       # momentum matters
+
+
+def test_bn_run_sizes_labels_and_domains(run_toml):
+    root = run_toml(BASE.format(norm="batch") + """
+[[methods]]
+name = "fedavg"
+[[methods]]
+name = "fedavg"
+label = "uniform"
+weighting = "uniform"
+[[attacks]]
+name = "dataset_size"
+[[attacks]]
+name = "label_distribution"
+[[attacks]]
+name = "norm_stats_domain"
+shadow_batches = 4
+""")
+    r = rows(root)
+    size = {(x["method"], x["victim"]): x for x in r if x["metric"] == "n_samples_rel_error"}
+    assert all(float(x["value"]) == 0.0 and x["output"] == "sent" for (m, _), x in size.items() if m == "fedavg")
+    uni = [x for (m, _), x in size.items() if m == "uniform"]
+    assert len(uni) == 3 and all(x["output"] == "bn_steps" for x in uni)
+    data = load_data(DataConfig(family="appearance", per_domain=100, label_skew=0.5))
+    for x in uni:                                                       # within half a batch of the truth
+        assert float(x["value"]) * len(data.domain(x["victim"]).train.y) <= 8 + 1e-9
+    acc = [x for x in r if x["metric"] == "label_count_acc" and x["attack"] == "label_distribution"]
+    assert len(acc) == 6
+    assert np.mean([float(x["value"]) for x in acc]) > np.mean([float(x["baseline"]) for x in acc]) + 0.15
+    dom = [x for x in r if x["attack"] == "norm_stats_domain"]
+    assert len(dom) == 6 and all(x["metric"] == "domain_balanced_acc" for x in dom)
+
+
+def test_group_norm_run_skips_bn_attack_and_estimates_size_from_the_update(run_toml):
+    root = run_toml(BASE.format(norm="group") + """
+[[methods]]
+name = "fedavg"
+weighting = "uniform"
+[[attacks]]
+name = "dataset_size"
+max_steps = 40
+[[attacks]]
+name = "norm_stats_domain"
+""")
+    r = rows(root)
+    assert all(x["status"].startswith("skipped") for x in r if x["attack"] == "norm_stats_domain")
+    size = [x for x in r if x["attack"] == "dataset_size"]
+    assert len(size) == 3 and all(x["output"] == "update_norm" and np.isfinite(float(x["value"])) for x in size)
