@@ -21,9 +21,9 @@ E ceil(n/B). The result is clipped at 0, rescaled to sum n and rounded by larges
 linear relation). CCST trains on K styled copies of every image: the counts are divided by K.
 
 Controls: FedSGD, one full-batch step from a zero-initialised head (uniform softmax, so S_c = n/C exactly) gives
-the exact counts; one epoch of four local steps with momentum and weight decay, calibrated on the client's own distribution
-(an oracle for S_c, isolating the step accounting), give count accuracy >= 0.9. Baseline (scorer): the uniform
-prior n/C per class.
+the exact counts; one epoch of four local steps with momentum and weight decay, calibrated on the client's own
+distribution (an oracle for S_c, isolating the step accounting), give count accuracy >= 0.9. Baseline (scorer):
+the uniform prior n/C per class.
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ class LabelDistribution(Attack):
         est = estimate_counts(b0, m.head.bias.detach(), q0, mean_softmax(m, x), len(y), 1, 0.1)
         out.append(Control("FedSGD one step, zero head: count accuracy", "label_count_acc",
                            float(M.label_count_accuracy(est, true)), 1.0))
-        # FedAvg: one epoch of 4 steps, batch 8, momentum 0.9, weight decay 5e-4; calibration on the client's distribution
+        # FedAvg: one epoch of 4 steps, batch 8, momentum 0.9, weight decay 5e-4; calibrated on the client's data
         model = build_model(ModelConfig(arch="cnn_small"), 1, 10, 16)
         b0 = model.head.bias.detach().clone()
         calib = x + 0.01 * torch.randn(x.shape, generator=gen)

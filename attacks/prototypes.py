@@ -66,10 +66,12 @@ def sent_n(view, victim: str) -> float | None:
 
 def invert_features(model, target: torch.Tensor, init: torch.Tensor, steps: int, lr: float, tv: float,
                     prior: float = 0.0, resolution: int = 0) -> torch.Tensor:
-    """Images whose ``model.features`` match ``target`` (N, D): Adam (cosine-decayed lr) on pixels in [0, 1], or on a
-    low-resolution image upsampled bilinearly; loss per image ||e(x) - p||^2 / ||p||^2 + tv TV + prior ||x - init||^2."""
+    """Images whose ``model.features`` match ``target`` (N, D): Adam (cosine-decayed lr) on pixels in [0, 1], or on
+    a low-resolution image upsampled bilinearly; per image ||e(x) - p||^2 / ||p||^2 + tv TV + prior ||x - init||^2."""
     h, w = init.shape[-2:]
-    up = (lambda z: F.interpolate(z, size=(h, w), mode="bilinear", align_corners=False)) if resolution else (lambda z: z)
+
+    def up(z):
+        return F.interpolate(z, size=(h, w), mode="bilinear", align_corners=False) if resolution else z
     z = (F.interpolate(init, size=(resolution, resolution), mode="bilinear", align_corners=False) if resolution
          else init).clone().requires_grad_(True)
     opt = torch.optim.Adam([z], lr=lr)
@@ -139,8 +141,9 @@ class PrototypeInversion(Attack):
         gen = torch.Generator().manual_seed(self.p.seed)
         torch.manual_seed(self.p.seed)
         size = 16
-        net = Net([nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU())], nn.Flatten(), nn.Linear(16 * size * size, 2),
-                  16 * size * size).to(self.device).eval().requires_grad_(False)
+        dim = 16 * size * size
+        net = Net([nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU())], nn.Flatten(), nn.Linear(dim, 2), dim)
+        net = net.to(self.device).eval().requires_grad_(False)
         from .style import _toy_images
         x = _toy_images(8, gen, size).to(self.device)
         with torch.no_grad():

@@ -8,7 +8,8 @@ server reads the uploads. phi is public (rebuilt from ``view.params``: encoder k
 
 * ``StyleFingerprint`` ("style_fingerprint"): recompute the candidate images' per-image styles with phi and score
   each by minus its distance to the nearest bank entry, on a gain-invariant signature (log std minus its channel
-  average, standardised per dimension with the candidates' spread; [mean, log std] loses to gain changes). Variants: "exact" (the attacker holds the same image files) and "perturbed" (the
+  average, standardised per dimension with the candidates' spread; [mean, log std] loses to gain changes).
+  Variants: "exact" (the attacker holds the same image files) and "perturbed" (the
   attacker's copies are shifted by up to +-2 px, gain +-10 %, Gaussian noise sigma 0.02). Membership is training
   membership, so only a bank of every training image (``bank_size = 0``) makes members and bank entries coincide;
   with J < N at most a J/N share of members can be found. Overall styles (J = 1) are no per-image fingerprint.

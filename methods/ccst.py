@@ -126,12 +126,14 @@ class _VGGEncoder(nn.Module):
                             "or leave encoder_weights empty for the random public encoder") from None
         f = Path(path).expanduser()
         if not f.is_file():
-            raise UserError(f"ccst encoder_weights file {f} not found: give a local VGG-19 state_dict or leave it empty")
+            raise UserError(f"ccst encoder_weights file {f} not found: give a local VGG-19 state_dict "
+                            "or leave it empty")
         sd = torch.load(f, map_location="cpu", weights_only=True)
         sd = {k.removeprefix("features."): v for k, v in sd.items() if not k.startswith("classifier.")}
         net = torchvision.models.vgg19(weights=None).features[:21]    # up to relu4_1
+        keep = {k: v for k, v in sd.items() if k.split(".")[0].isdigit() and int(k.split(".")[0]) < 21}
         try:
-            net.load_state_dict({k: v for k, v in sd.items() if k.split(".")[0].isdigit() and int(k.split(".")[0]) < 21})
+            net.load_state_dict(keep)
         except RuntimeError as e:
             raise UserError(f"ccst encoder_weights {f} is not a torchvision VGG-19 state_dict ({e}): "
                             "save torchvision.models.vgg19().state_dict()") from None
@@ -255,7 +257,8 @@ class CCSTClient(FedAvgClient):
         rows, dom = np.repeat(np.arange(n), K), pick.reshape(-1)
         own = dom == doms.index(self.id)
         sizes = np.array([len(msg.arrays[f"{d}/mean"]) for d in doms])
-        flat = np.concatenate([[0], np.cumsum(sizes)[:-1]])[dom] + self.rng.integers(0, sizes[dom])  # single: random style of l
+        # the style of domain l: its only entry (overall) or a random one of its J (single)
+        flat = np.concatenate([[0], np.cumsum(sizes)[:-1]])[dom] + self.rng.integers(0, sizes[dom])
         means = torch.cat([msg.arrays[f"{d}/mean"] for d in doms]).to(dev)
         stds = torch.cat([msg.arrays[f"{d}/std"] for d in doms]).to(dev)
         x = self.train.x[torch.as_tensor(rows, device=dev)].clone()
