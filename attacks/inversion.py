@@ -32,11 +32,11 @@ Labels are never given: ``recover_labels`` reads them off the last layer. One im
 only row of ∇W_last with a negative sum). Otherwise the bias-based count estimator: per step the bias gradient
 is p̄ − n_c/b, so summed over T steps n_c ≈ b·(T·p̄_c − Σ_s g_s,c), where Σ_s g_s is −Δb/lr (momentum-weighted
 step count and weight decay removed) and p̄ is the model's mean softmax on random probe images at θ^t and
-θ^{t+1} (Dimitrov et al. interpolate between the two models the same way). Counts are rounded by largest
+θ^{t+1} (in the spirit of Dimitrov et al., who interpolate between the two models). Counts are rounded by largest
 remainder and dealt to the dummy images in a seeded random order. The labels are scored as ``label_acc`` of the
 matched images and, when the round covers the whole training set, as an Estimate("label_counts").
-A labels-given oracle is not a plugin variant (truth never reaches ``run``); tests/test_inversion.py runs the
-same ``invert`` with the true labels and reports it separately.
+A labels-given oracle (true labels in the true batch order, breaching's FedAvg case) is not a plugin variant,
+since truth never reaches ``run``: call ``invert`` with the labels yourself to measure it next to this attack.
 
 Scoring (the shared scorer): the client does not record its batches, so reconstructions are matched to the
 victim's whole training set with the Hungarian algorithm on MSE (IIP-like), the mean image matched the same way
@@ -46,7 +46,8 @@ Deviations from the paper/breaching: TV weight 0.1 and 400 iterations by default
 embedded digits, whose black background favours a strong TV prior); breaching's IG uses 24 000 iterations,
 TV 0.2 (ImageNet) / 1e-3 (its CIFAR FedAvg notebook) and 1 restart; full strength on a GPU: iterations = 24000,
 restarts = 4, max_images = 0 (whole round). Only rounds in ``rounds`` are attacked (default the first).
-Methods whose local objective is not plain cross-entropy (FedSR, COPA, ...) are attacked as if it were (a model
+The classifier is the model's last nn.Linear. Methods whose local objective is not plain cross-entropy (FedSR,
+COPA, ...) and DP-SGD clients (Poisson batches, clipping, noise) are attacked as if they ran plain SGD (a model
 mismatch an attacker who knows the method would remove; adding the method's loss is future work).
 """
 from __future__ import annotations

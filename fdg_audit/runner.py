@@ -128,7 +128,8 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
                        privacy=r["privacy"])
         info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
                     target=r["target"], seed=r["seed"], sweep=r["sweep"], params=asdict(r["params"]),
-                    plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {})
+                    plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {},
+                    num_classes=r["data"].num_classes)
         t0 = time.time()
         try:
             res = run_federation(spec, ledger, r["data"], truth_sink=sink,

@@ -177,3 +177,11 @@ def test_fedsgd_batch1_positive_control_through_the_pipeline(run_toml):
     outs = atk.run(view, Aux(num_classes=10))
     assert [(o.victim, o.round, tuple(o.images.shape)) for o in outs] == [("rot30", 1, (1, 1, 28, 28))]
     assert isinstance(outs[0], Reconstruction) and outs[0].labels is not None
+
+
+def test_fedsgd_batch1_positive_control_cnn_mnist(run_toml):
+    """The same control on the wider cnn_mnist (GroupNorm)."""
+    root = run_toml(POSITIVE, "model.arch=\"cnn_mnist\"", "train.rounds=1", name="mnist")
+    got = {r["metric"]: r for r in csv.DictReader(open(root / "leakage.csv")) if r["victim"] == "rot15"}
+    print({k: (round(float(r["value"]), 2), round(float(r["baseline"]), 2)) for k, r in got.items()})
+    assert float(got["psnr"]["value"]) >= 20.0 and float(got["label_acc"]["value"]) == 1.0

@@ -2,11 +2,13 @@
 folder can be copied), and ``headline(root)`` -> the terminal table a scenario prints.
 
 Inputs per run folder: summary.json, messages.jsonl, and when present leakage.csv, controls.json,
-privacy.csv, recon/<attack>/*.npz (truth, recon, baseline) and mia/<attack>/*.npz (scores, labels).
-Definitions (groups, mean ± std, "strongest", bytes per round) are in ``tables``.
+privacy.csv, recon/<attack>/<run>__<victim>__<variant>.npz (truth, recon, baseline) and mia/<attack>/<run>.npz
+(score, member, victim, variant, round), with "/" in run ids written as "__". Absent inputs skip their section.
+Definitions (groups, mean ± std, "strongest", bytes per round, ε per run) are in ``tables``.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from . import plots as P
@@ -33,8 +35,9 @@ def _leak_lines(leak_rows: list[dict], g) -> list[str]:
             for r in ok[1:]:
                 if T.stronger(m, r["value"]["mean"], best["value"]["mean"]):
                     best = r
-            out.append(f"{art}: {m} {fmt_metric(m, best['value'])} vs {fmt(best['baseline'], 3 if T.info(m).unit != 'dB' else 1)}"
-                       f" ({best['attack']})")
+            digits = 1 if T.info(m).unit == "dB" else 3
+            out.append(f"{art}: {m} {fmt_metric(m, best['value'])} vs {fmt(best['baseline'], digits)} "
+                       f"({best['attack']})")
     return out
 
 
@@ -45,10 +48,20 @@ def _client_lines(clients: dict) -> list[str]:
     return [f"{', '.join(cs)}: {', '.join(k)}" for k, cs in by.items()]
 
 
+def _same_bytes(res, by: dict) -> list[tuple[str, dict]]:
+    """Groups with the same bytes profile (as printed) and the same client kinds, merged: [(labels, entry)]."""
+    merged = {}
+    for g, b in by.items():
+        sig = (tuple((k, d, tuple(human_bytes(v[f]) for f in ("once", "per_round", "total")))
+                     for (k, d), v in b["kinds"].items()), tuple((c, tuple(k)) for c, k in b["clients"].items()))
+        merged.setdefault(sig, ([], b))[0].append(res.label(g))
+    return [(", ".join(labels), b) for labels, b in merged.values()]
+
+
 def _bytes_lines(res, by: dict) -> list[str]:
     lines = []
-    for g, b in by.items():
-        lines.append(f"{res.label(g)}  ({b['runs']} runs; per run: {human_bytes(b['total'])} total, "
+    for label, b in _same_bytes(res, by):
+        lines.append(f"{label}  ({b['runs']} runs; per run: {human_bytes(b['total'])} total, "
                      f"{human_bytes(b['once'])} once at round 0, {human_bytes(b['per_round'])} per round)")
         for (kind, d), v in b["kinds"].items():
             lines.append(f"  {T.ARROW[d]} {kind:<16} per round {human_bytes(v['per_round']):>9}   once "
@@ -71,7 +84,7 @@ def headline(root) -> str:
                      f"{e['epsilon']['mean']:.2f}" if e else "—",
                      f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
     out = [text_table(["method", "held-out acc (mean over targets ± std over seeds)",
-                       "strongest leakage per artifact: metric value vs baseline (attack)", "ε", "MB/run"], rows)]
+                       "strongest leakage per artifact, mean ± std over attacked runs: metric value vs baseline (attack)", "ε", "MB/run"], rows)]
     failed = [r["run"] for r in res.runs if r.get("status") != "ok"]
     if failed:
         out.append(f"failed runs ({len(failed)}): " + ", ".join(failed))
@@ -97,7 +110,7 @@ def _accuracy_md(res, acc, files) -> list[str]:
         rows = [r for r in acc if r["dataset"] == ds]
         targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
         head = ["method"] + [k.split(".")[-1] for k in keys] + targets + ["mean over targets", "seeds"]
-        body = [[r["method"] + r["variant"]] + [r["sweep"].get(k, "") for k in keys]
+        body = [[r["method"] + ("" if keys else r["variant"])] + [r["sweep"].get(k, "") for k in keys]
                 + [fmt(r["targets"].get(t, T.stat([]))) for t in targets]
                 + [fmt(r["mean"]) + (f" (seeds {r['incomplete']} lack a target)" if r["incomplete"] else ""),
                    len(r["seeds"])] for r in rows]
@@ -118,17 +131,29 @@ def _leakage_md(res, leak, controls) -> list[str]:
           "\"not measurable\".", ""]
     outputs = any(r["output"] not in ("", "main") for r in leak)
     head = ["method", "attack", "adversary", "artifact"] + (["output"] if outputs else []) + \
-        ["metric", "strongest (mean ± std over runs)", "strongest run", "baseline", "status", "runs"]
+        ["metric", "strongest (mean ± std over runs)", "baseline", "Δ vs baseline", "strongest run (target/seed, "
+         "victim, round)", "status", "runs"]
     body = []
-    for r in leak:
+    order = {g: i for i, g in enumerate(res.groups())}
+    for r in sorted(leak, key=lambda r: order.get(r["key"], 0)):
         top = r["top"]
         unit = " dB" if T.info(r["metric"]).unit == "dB" else ""
+        d = r["value"]["mean"] - r["baseline"]["mean"]
+        where = "—" if math.isnan(top["value"]) else \
+            f"{top['value']:.3g}{unit} ({top['target']}/s{top['seed']}, {top['victim']}, r{top['round']})"
         body.append([res.label(r["key"]), r["attack"], r["adversary"], r["artifact"]]
                     + ([r["output"]] if outputs else [])
-                    + [r["metric"], fmt_metric(r["metric"], r["value"]),
-                       f"{top['value']:.3g}{unit} ({top['target']}/s{top['seed']}, {top['victim']}, r{top['round']})",
-                       fmt(r["baseline"], 1 if unit else 3), r["status"], r["runs"]])
+                    + [r["metric"], fmt_metric(r["metric"], r["value"]) if r["value"]["n"] else
+                       "n/a (not resolvable)" if r["metric"].startswith("tpr@") else "—",
+                       fmt(r["baseline"], 1 if unit else 3), "—" if math.isnan(d) else f"{d:+.{1 if unit else 3}f}",
+                       where, r["status"], r["runs"]])
     md += [md_table(head, body), ""]
+    if res.attack_notes:
+        count = {}
+        for n in res.attack_notes:
+            k = (n["attack"], n.get("status", ""))
+            count[k] = count.get(k, 0) + 1
+        md += ["Attack outputs without a number:", ""] + [f"- {a}: {st} ({c}×)" for (a, st), c in count.items()] + [""]
     if controls:
         md += ["### Controls", "", "Positive controls must reach the threshold; negative controls must stay at or "
                "below it (chance).", "",
@@ -160,8 +185,10 @@ def _pareto_md(res, acc, files) -> list[str]:
                 continue
             front = T.pareto_front([(leak[g]["value"]["mean"], accs[g]["mean"]["mean"]) for g in sel],
                                    T.info(metric).higher)
+            missing = [res.label(g) for g in res.groups() if g[0] == ds and g not in sel]
             md += [f"### {metric} ({ds})", "", _img(f, f"accuracy vs {metric}"), "",
-                   "Pareto front: " + ", ".join(res.label(g) for g, on in zip(sel, front) if on), ""]
+                   "Pareto front: " + ", ".join(res.label(g) for g, on in zip(sel, front) if on) + "."
+                   + (f" Not measured with this metric: {', '.join(missing)}." if missing else ""), ""]
     return md
 
 
@@ -173,16 +200,16 @@ def _bytes_md(res, by, files) -> list[str]:
           "set-up; \"per round\" is the mean over training rounds 1..T. ↑ client→server, ↓ server→client, "
           "↔ client→client.", ""]
     body = []
-    for g, b in by.items():
+    for label, b in _same_bytes(res, by):
         for (kind, d), v in b["kinds"].items():
-            body.append([res.label(g), kind, T.ARROW[d], human_bytes(v["once"]), human_bytes(v["per_round"]),
+            body.append([label, kind, T.ARROW[d], human_bytes(v["once"]), human_bytes(v["per_round"]),
                          human_bytes(v["total"])])
-        body.append([f"**{res.label(g)}**", "**all**", "", human_bytes(b["once"]), human_bytes(b["per_round"]),
+        body.append([f"**{label}**", "**all**", "", human_bytes(b["once"]), human_bytes(b["per_round"]),
                      human_bytes(b["total"])])
     md += [md_table(["method", "artifact kind", "dir", "round 0 (once)", "per round", "total per run"], body), ""]
     md += ["Artifact kinds that left each client:", ""]
-    for g, b in by.items():
-        md += [f"- {res.label(g)}: " + "; ".join(_client_lines(b["clients"]) or ["none"])]
+    for label, b in _same_bytes(res, by):
+        md += [f"- {label}: " + "; ".join(_client_lines(b["clients"]) or ["none"])]
     md += [""] + [_img(f, "bytes per run") for f in files] + [""]
     return md
 
@@ -222,8 +249,10 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
         md += ["## Membership inference ROC", "", "Log-log ROC, scores pooled over each method's runs and victims; "
                "the dashed diagonal is random guessing.", ""] + [_img(f, "ROC") for f in roc_files] + [""]
     if rec_files:
-        md += ["## Reconstructions", "", "Row 1: the victim's images; row 2: the attack's reconstructions; row 3: "
-               "the attack's trivial baseline. One example run per method.", ""] + \
+        md += ["## Reconstructions", "", "Row 1: the victim's images; row 2: the attack's reconstructions as "
+               "returned (attacks on Fourier amplitudes are scored up to a circular shift and point inversion, "
+               "so a shifted or flipped image can score high); row 3: the attack's trivial baseline. One example "
+               "run and victim per method and attack variant.", ""] + \
             [_img(f, "reconstructions") for f in rec_files] + [""]
     from ..ledger import atomic_write
     path = out / "report.md"

@@ -17,7 +17,7 @@ DPI = 110
 
 
 def _fig(w, h):
-    fig = Figure(figsize=(w, h), dpi=DPI)
+    fig = Figure(figsize=(w, h), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -57,7 +57,8 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
                    error_kw=dict(lw=0.8))
         k = {r["num_classes"] for r in rows if r.get("num_classes")}
         if len(k) == 1:
-            ax.axhline(1 / k.pop(), color="k", ls="--", lw=1, label="chance (1/classes)")
+            k = k.pop()
+            ax.axhline(1 / k, color="k", ls="--", lw=1, label=f"chance (1/{k} classes)")
         ax.set_xticks(range(len(xs)), xs)
         ax.set_ylim(0, 1)
         ax.set_ylabel("held-out-domain accuracy (fraction correct)")
@@ -110,7 +111,7 @@ def pareto(res: T.Results, acc: list[dict], out: Path) -> list[tuple[str, str]]:
     Returns (metric, file) pairs."""
     files, col = [], colors(res)
     accs = {r["key"]: r for r in acc}
-    metrics = list(dict.fromkeys(r["metric"] for r in res.leakage))
+    metrics = [m for m in dict.fromkeys(r["metric"] for r in res.leakage) if m not in T.NOT_LEAKAGE]
     datasets = list(dict.fromkeys(g[0] for g in res.groups()))
     for metric in metrics:
         leak = T.method_leakage(res, metric)
@@ -121,13 +122,14 @@ def pareto(res: T.Results, acc: list[dict], out: Path) -> list[tuple[str, str]]:
                 continue
             pts = [(leak[g]["value"]["mean"], accs[g]["mean"]["mean"]) for g in gs]
             front = T.pareto_front(pts, mi.higher)
-            fig = _fig(6.8, 4.6)
+            fig = _fig(8.6, 4.8)
             ax = fig.subplots()
             for g, (x, y), on in zip(gs, pts, front):
                 lv, a = leak[g]["value"], accs[g]["mean"]
                 ax.errorbar(x, y, xerr=0 if math.isnan(lv["std"]) else lv["std"],
                             yerr=0 if math.isnan(a["std"]) else a["std"], fmt="o", ms=8 if on else 6,
-                            color=col[g], mec="k" if on else col[g], mew=1.5, capsize=2, label=res.label(g))
+                            color=col[g], mec="k" if on else col[g], mew=1.5, capsize=2,
+                            label=f"{res.label(g)} ({lv['n']} attacked runs)")
                 b = leak[g]["baseline"]["mean"]
                 if not math.isnan(b):
                     ax.plot([b, x], [y, y], color=col[g], lw=0.7, ls=":")
@@ -141,56 +143,60 @@ def pareto(res: T.Results, acc: list[dict], out: Path) -> list[tuple[str, str]]:
             ax.set_xlabel(f"{metric}{unit}: strongest over attacks, artifacts, victims, rounds   {more}")
             ax.set_ylabel("held-out accuracy, mean over targets")
             ns = _seeds([accs[g] for g in gs])
-            ax.set_title(f"{ds}: accuracy vs leakage ({metric}); mean ± std over {ns}\n"
-                         f"{mi.text}; x = attack's trivial baseline", fontsize=10)
+            ax.set_title(f"{ds}: accuracy vs leakage ({metric}: {mi.text})\ny: mean ± std over {ns}; "
+                         "x: mean ± std over the attacked runs; grey x: the attack's trivial baseline", fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
             files.append((metric, _save(fig, out, f"pareto_{T.slug(ds)}_{T.slug(metric)}.png")))
     return files
 
 
+def _unit(b: float) -> tuple[str, float]:
+    return next(((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if b >= f), ("B", 1.0))
+
+
 def bytes_per_round(res: T.Results, by: dict, out: Path) -> list[str]:
-    """Horizontal stacked bars: one-time (round 0) and per-round bytes per run, by artifact kind and
-    direction."""
+    """Horizontal stacked bars: one-time (round 0) and per-round bytes per run, by artifact kind (colour) and
+    direction (hatching)."""
     if not by:
         return []
     import matplotlib
+    from matplotlib.patches import Patch
     gs = list(by)
     parts = list(dict.fromkeys(k for g in gs for k in by[g]["kinds"]))
     kinds = list(dict.fromkeys(k for k, _ in parts))
     cmap = matplotlib.colormaps["tab10" if len(kinds) <= 10 else "tab20"]
     kc = {k: cmap(i % cmap.N) for i, k in enumerate(kinds)}
     hatch = {"up": "", "down": "///", "peer": ".."}
-    fig = _fig(11, 1.6 + 0.45 * len(gs))
+    fig = _fig(11, 2.2 + 0.4 * len(gs))
     axes = fig.subplots(1, 2, sharey=True)
     for ax, field, title in ((axes[0], "once", "one-time set-up (round 0)"),
                              (axes[1], "per_round", "per training round (mean over rounds 1..T)")):
+        tot = [by[g][field] for g in gs]
+        unit, f = _unit(max(tot))
         left = np.zeros(len(gs))
         for part in parts:
-            v = np.array([by[g]["kinds"].get(part, {}).get(field, 0.0) for g in gs]) / 1e6
-            if not v.any():
-                continue
-            ax.barh(range(len(gs)), v, left=left, color=kc[part[0]], hatch=hatch[part[1]], edgecolor="white",
-                    lw=0.5)
-            left += v
+            v = np.array([by[g]["kinds"].get(part, {}).get(field, 0.0) for g in gs]) / f
+            if v.any():
+                ax.barh(range(len(gs)), v, left=left, color=kc[part[0]], hatch=hatch[part[1]], edgecolor="white",
+                        lw=0.5)
+                left += v
         for i, x in enumerate(left):
-            ax.text(x, i, f" {T.human_bytes(x * 1e6)}", va="center", fontsize=8)
-        ax.set_xlim(0, max(left.max(), 1e-9) * 1.3)
+            ax.text(x, i, f" {T.human_bytes(x * f)}", va="center", fontsize=8)
+        ax.set_xlim(0, max(left.max(), 1e-9) * 1.25)
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("MB (10⁶ bytes) per run, encoded on the wire")
+        ax.set_xlabel(f"{unit} per run (encoded wire bytes; 1 kB = 10³ B)")
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(gs)), [res.label(g) for g in gs])
     axes[0].invert_yaxis()
-    from matplotlib.patches import Patch
     handles = [Patch(color=kc[k], label=k) for k in kinds] + \
         [Patch(facecolor="white", edgecolor="0.3", hatch=hatch[d], label=f"{T.ARROW[d]} {d}")
          for d in dict.fromkeys(d for _, d in parts)]
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(6, len(handles)),
-               fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(7, len(handles)), fontsize=8, frameon=False)
     n = sorted({by[g]["runs"] for g in gs})
-    fig.suptitle(f"Bytes sent per run by artifact kind (↑ client→server, ↓ server→client); mean over "
-                 f"{n[0] if len(n) == 1 else f'{n[0]}–{n[-1]}'} runs per method; no baseline (raw bus bytes)",
-                 fontsize=10)
+    fig.suptitle(f"Bytes sent per run by artifact kind (colour) and direction (↑ client→server, ↓ server→client); "
+                 f"mean over {n[0] if len(n) == 1 else f'{n[0]}–{n[-1]}'} runs per method; no baseline (raw bus "
+                 "bytes)", fontsize=10)
     return [_save(fig, out, "bytes.png")]
 
 
@@ -199,7 +205,7 @@ def privacy(res: T.Results, acc: list[dict], eps: dict, out: Path) -> list[str]:
     if not eps:
         return []
     col, accs = colors(res), {r["key"]: r for r in acc}
-    fig = _fig(6.6, 4.2)
+    fig = _fig(8.4, 4.4)
     ax = fig.subplots()
     for g, r in accs.items():
         if not r["mean"]["n"]:
@@ -226,23 +232,12 @@ def privacy(res: T.Results, acc: list[dict], eps: dict, out: Path) -> list[str]:
 def roc(res: T.Results, out: Path) -> list[str]:
     """Log-log ROC per membership attack; scores pooled over each group's runs and victims."""
     files, col = [], colors(res)
-    gof = res.group_of()
-    for attack in dict.fromkeys(m["attack"] for m in res.mia):
-        pooled = defaultdict(lambda: ([], [], set()))
-        for m in res.mia:
-            if m["attack"] == attack and m["run"] in gof:
-                with np.load(m["path"]) as z:
-                    s, y, runs = pooled[(gof[m["run"]], m["variant"])]
-                    s.append(z["scores"].ravel())
-                    y.append(z["labels"].ravel())
-                    runs.add((m["run"], m["victim"]))
-        if not pooled:
-            continue
-        fig = _fig(6.4, 5.0)
+    for attack, pooled in T.membership_scores(res).items():
+        fig = _fig(6.4, 5.2)
         ax = fig.subplots()
         lo = 1.0
-        for (g, var), (s, y, runs) in pooled.items():
-            s, y = np.concatenate(s), np.concatenate(y).astype(int)
+        for (g, var), d in pooled.items():
+            s, y = d["scores"], d["labels"]
             if y.min() == y.max():
                 continue
             fpr, tpr, _ = M.roc(s, y)
@@ -250,20 +245,20 @@ def roc(res: T.Results, out: Path) -> list[str]:
             lo = min(lo, 1 / n0)
             t1 = M.tpr_at_fpr(s, y, 0.01)
             name = res.label(g) + ("" if var == "main" else f" ({var})")
-            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g],
-                    label=f"{name}: AUC {M.auc(s, y):.3f}, TPR@1%FPR "
-                          f"{'n/a' if math.isnan(t1) else f'{t1:.3f}'} ({len(runs)} models×victims, {n0} non-members)")
-        ax.plot([lo / 2, 1], [lo / 2, 1], "k--", lw=1, label="random guess (TPR = FPR)")
+            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], drawstyle="steps-post",
+                    label=f"{name}: AUC {M.auc(s, y):.3f}, TPR@1%FPR {'n/a' if math.isnan(t1) else f'{t1:.3f}'}\n"
+                          f"    pooled over {len(d['models'])} models×victims, {int(y.sum())} members, {n0} non-members")
+        ax.plot([lo / 2, 1], [lo / 2, 1], "k--", lw=1, label="baseline: random guess (TPR = FPR)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo / 2, 1)
         ax.set_ylim(lo / 2, 1.05)
-        ax.set_xlabel("false positive rate (log)")
-        ax.set_ylabel("true positive rate (log)")
-        ax.set_title(f"{attack}: membership ROC, scores pooled over runs (targets × seeds) and victims\n"
-                     "FPR below 1/non-members is not resolvable (clipped)", fontsize=10)
+        ax.set_xlabel("false positive rate (log scale)")
+        ax.set_ylabel("true positive rate (log scale)")
+        ax.set_title(f"{attack}: membership ROC of the final model, scores pooled over runs\n(targets × seeds) and "
+                     "victims; rates below 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
         files.append(_save(fig, out, f"roc_{T.slug(attack)}.png"))
     return files
 
@@ -297,7 +292,7 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
             with np.load(m["path"]) as z:
                 blocks.append((g, var, m, z["truth"][:n], z["recon"][:n], z["baseline"][:n]))
         cols = max(len(b[3]) for b in blocks)
-        fig = _fig(1.0 * cols + 1.2, 3.4 * len(blocks))
+        fig = _fig(max(4.5, 0.95 * cols + 1.0), 3.6 * len(blocks) + 0.5)
         sub = fig.subfigures(len(blocks), 1, squeeze=False)[:, 0]
         for sf, (g, var, m, x, r, b) in zip(sub, blocks):
             axes = sf.subplots(3, cols, squeeze=False)
@@ -315,6 +310,6 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
             sf.suptitle(f"{name}: run {m['run']}, victim {m['victim']}{score}", fontsize=9)
         fig.suptitle(f"{attack}: reconstructions (row 2) of the victim's images (row 1); row 3: the attack's "
                      f"trivial baseline\npixels in [0, 1]; one example run per method (seed and target in the "
-                     f"caption)", fontsize=10, y=1.0 + 0.25 / len(blocks))
+                     f"caption)", fontsize=10)
         files.append(_save(fig, out, f"recon_{T.slug(attack)}.png"))
     return files

@@ -47,9 +47,17 @@ METRICS = {
     "label_count_acc": MetricInfo("fraction", True, "label-count accuracy (multiset overlap)"),
     "label_existence_f1": MetricInfo("", True, "F1 of which labels a client holds"),
     "n_samples_rel_error": MetricInfo("fraction", False, "relative error of the estimated dataset size"),
+    "label_acc": MetricInfo("fraction", True, "accuracy of the labels inferred with the reconstructions"),
+    "tpr@0fpr": MetricInfo("fraction", True, "membership TPR with no false positive"),
+    "eps_lb_one_run": MetricInfo("", True, "empirical ε lower bound from canaries (one-run audit, 95% conf.)"),
+    "eps_lb_cp": MetricInfo("", True, "empirical ε lower bound from canaries (Clopper–Pearson, 95% conf.)"),
+    "eps_theory": MetricInfo("", True, "the accountant's ε of the audited mechanism (not a measurement)"),
+    "audit_auc": MetricInfo("", True, "ROC AUC of the canary scores"),
 }
-# the one metric per attack target shown in the terminal headline, in order of preference
-PRIMARY = ["psnr", "auc", "class_balanced_acc", "domain_balanced_acc", "label_count_acc", "n_samples_rel_error"]
+# the metrics shown in the terminal headline (per artifact, those present), in order of preference
+PRIMARY = ["psnr", "auc", "class_balanced_acc", "domain_balanced_acc", "label_count_acc", "n_samples_rel_error",
+           "eps_lb_one_run"]
+NOT_LEAKAGE = {"eps_theory"}   # reported in the leakage table, but no axis of an accuracy-vs-leakage plot
 
 
 def info(metric: str) -> MetricInfo:
@@ -86,8 +94,9 @@ class Results:
     controls: list = field(default_factory=list)
     envelopes: list = field(default_factory=list)
     privacy: list = field(default_factory=list)
+    attack_notes: list = field(default_factory=list)  # leakage.csv rows without a number (skipped, failed)
     recon: list = field(default_factory=list)       # dict(attack, run, victim, variant, path)
-    mia: list = field(default_factory=list)
+    mia: list = field(default_factory=list)         # dict(attack, run, path): raw membership scores of one run
     scenarios: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -159,9 +168,13 @@ def load(run_dirs) -> Results:
     mine = lambda i, run: chosen.get(run) == i
     for i, root in enumerate(roots):
         for r in _csv(root / "leakage.csv"):
-            if mine(i, r["run"]):
-                res.leakage.append(dict(r, value=_num(r.get("value")), baseline=_num(r.get("baseline")),
-                                        round=int(_num(r.get("round")) if r.get("round") not in ("", None) else -1)))
+            if not mine(i, r["run"]):
+                continue
+            r = dict(r, value=_num(r.get("value")), baseline=_num(r.get("baseline")),
+                     round=int(_num(r["round"])) if r.get("round") not in ("", None) else -1)
+            status = r.get("status") or "ok"
+            measured = r["metric"] not in ("skipped", "failed") and not status.startswith(("skipped", "failed"))
+            (res.leakage if measured else res.attack_notes).append(r)
         for r in _csv(root / "privacy.csv"):
             if mine(i, r.get("run", "")):
                 res.privacy.append(dict(r, epsilon=_num(r.get("epsilon")), delta=_num(r.get("delta"))))
@@ -175,11 +188,14 @@ def load(run_dirs) -> Results:
                         if mine(i, e["run"]):
                             res.envelopes.append(e)
         runs = {r for r, j in chosen.items() if j == i}
-        for sub, dest in (("recon", res.recon), ("mia", res.mia)):
-            for p in sorted((root / sub).glob("*/*.npz")):
-                hit = _split_file(p.stem, runs)
-                if hit:
-                    dest.append(dict(attack=p.parent.name, run=hit[0], victim=hit[1], variant=hit[2], path=p))
+        for p in sorted((root / "recon").glob("*/*.npz")):
+            hit = _split_file(p.stem, runs)
+            if hit:
+                res.recon.append(dict(attack=p.parent.name, run=hit[0], victim=hit[1], variant=hit[2], path=p))
+        safe = {r.replace("/", "__"): r for r in runs}
+        for p in sorted((root / "mia").glob("*/*.npz")):
+            if p.stem in safe:
+                res.mia.append(dict(attack=p.parent.name, run=safe[p.stem], path=p))
     return res
 
 
@@ -240,7 +256,7 @@ def leakage_table(res: Results) -> list[dict]:
     rows = []
     for (g, attack, artifact, output, metric), rs in by.items():
         top = _strongest(rs) or rs[0]
-        bad = [r["status"] for r in rs if r.get("status", "ok") != "ok"]
+        bad = [r["status"] for r in rs if r.get("status") not in ("ok", "", None)]
         rows.append(dict(key=g, dataset=g[0], method=g[1], variant=g[2], attack=attack, artifact=artifact,
                          output=output, metric=metric, value=stat(r["value"] for r in rs),
                          baseline=stat(r["baseline"] for r in rs), top=top, runs=len(rs),
@@ -252,7 +268,7 @@ def method_leakage(res: Results, metric: str) -> dict:
     """{group: dict(value=stat, baseline=stat)}: per run the strongest ``metric`` over every measurable
     attack, artifact, victim and round; then over runs. Rows whose control failed are left out."""
     gof = res.group_of()
-    rows = [r for r in res.leakage if r["metric"] == metric and r.get("status", "ok") == "ok" and r["run"] in gof]
+    rows = [r for r in res.leakage if r["metric"] == metric and r.get("status") in ("ok", "", None) and r["run"] in gof]
     by = defaultdict(list)
     for (run,), r in per_run_strongest(rows, ()).items():
         by[gof[run]].append(r)
@@ -266,6 +282,31 @@ def pareto_front(points: list[tuple[float, float]], higher: bool = True) -> list
     p = [((x if higher else -x), y) for x, y in points]
     return [not any(q[0] <= a[0] and q[1] >= a[1] and (q[0] < a[0] or q[1] > a[1]) for q in p)
             for a in p]
+
+
+def membership_scores(res: Results) -> dict:
+    """{attack: {(group, output variant): dict(scores, labels, models)}} from mia/<attack>/<run>.npz: per run,
+    victim and variant the scores of the last round attacked (the final model), pooled over the group's runs
+    and victims (``models``: the (run, victim) pairs pooled)."""
+    gof = res.group_of()
+    out = defaultdict(lambda: defaultdict(lambda: dict(scores=[], labels=[], models=set())))
+    for m in res.mia:
+        if m["run"] not in gof:
+            continue
+        with np.load(m["path"]) as z:
+            if "score" not in z:
+                continue
+            s, y = z["score"].ravel(), z["member"].ravel()
+            victim, variant, rnd = z["victim"].astype(str), z["variant"].astype(str), z["round"]
+        for v, var in dict.fromkeys(zip(victim, variant)):
+            sel = (victim == v) & (variant == var)
+            sel &= rnd == rnd[sel].max()
+            d = out[m["attack"]][(gof[m["run"]], var or "main")]
+            d["scores"].append(s[sel])
+            d["labels"].append(y[sel])
+            d["models"].add((m["run"], v))
+    return {a: {k: dict(scores=np.concatenate(d["scores"]), labels=np.concatenate(d["labels"]).astype(int),
+                        models=d["models"]) for k, d in by.items()} for a, by in out.items()}
 
 
 # ------------------------------------------------------------------------------------------- bytes
@@ -310,7 +351,8 @@ def bytes_table(res: Results) -> dict:
         n = len(runs[g])
         if not n:
             continue
-        kinds = {k: dict(once=v[0] / n, per_round=v[1] / n, total=v[2] / n) for k, v in sorted(acc[g].items())}
+        order = sorted(acc[g], key=lambda k: (k[0], list(ARROW).index(k[1])))
+        kinds = {k: dict(once=acc[g][k][0] / n, per_round=acc[g][k][1] / n, total=acc[g][k][2] / n) for k in order}
         out[g] = dict(runs=n, kinds=kinds, **{f: sum(k[f] for k in kinds.values())
                                               for f in ("once", "per_round", "total")},
                       clients={c: sorted(k) for c, k in sorted(clients[g].items())})
@@ -327,8 +369,8 @@ def human_bytes(b: float) -> str:
 # ------------------------------------------------------------------------------------------- privacy
 
 def privacy_table(res: Results) -> dict:
-    """{group: dict(epsilon=stat, delta)} from privacy.csv: per run the largest ε it reports (the total
-    spent by the end of training), then over runs."""
+    """{group: dict(epsilon=stat, delta)} from privacy.csv: per run the largest ε of any row (the worst party's
+    ε spent by the end of training; its composed ``total`` where it runs several mechanisms), then over runs."""
     gof = res.group_of()
     per_run = {}
     for r in res.privacy:

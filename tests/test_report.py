@@ -1,0 +1,297 @@
+"""Reports: tables checked against hand-made run folders, Pareto fronts, bytes by kind, files and links."""
+import csv
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from fdg_audit.cli import main
+from fdg_audit.errors import UserError
+from fdg_audit.report import headline, write_report
+from fdg_audit.report import tables as T
+
+LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact", "round",
+               "victim", "output", "metric", "value", "baseline", "status"]
+CLIENTS = {"A": ["B", "C"], "B": ["A", "C"]}   # target -> source clients
+
+
+def run_id(method, variant, target, seed, ds="digits"):
+    return f"{ds}/{method}{variant}/{target}/s{seed}"
+
+
+def write_csv(path, rows, fields=None):
+    fields = fields or list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def env(run, rnd, sender, receiver, kind, nbytes):
+    return dict(run=run, method="m", round=rnd, phase="p", seq=0, sender=sender, receiver=receiver, kind=kind,
+                arrays=[], scalars=[], wire_bytes=nbytes, sha256="0" * 64, filters=[])
+
+
+def fabricate(root, methods=(("fedavg", "", {}), ("feddg", "", {})), seeds=(0, 1, 2), targets=("A", "B"),
+              rounds=2, acc=None, drop=(), leakage=(), extra=True):
+    """A run folder written by hand. ``acc(method, variant, target, seed)`` gives target_acc."""
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    acc = acc or (lambda m, v, t, s: float(rng.uniform(0.2, 0.9)))
+    runs, envs, metrics = [], [], []
+    for m, var, sweep in methods:
+        for t in targets:
+            for s in seeds:
+                rid = run_id(m, var, t, s)
+                if rid in drop:
+                    continue
+                a = acc(m, var, t, s)
+                runs.append(dict(run=rid, dataset="digits", method=m, variant=var, target=t, seed=s, sweep=sweep,
+                                 params={"rounds": rounds}, plugin=m, status="ok", target_acc=a, source_val_acc=0.9,
+                                 selected_round=rounds, final_target_acc=a, seconds=1.0, clients=CLIENTS[t],
+                                 num_classes=10))
+                metrics += [dict(run=rid, round=r, target_acc=a) for r in range(rounds + 1)]
+                for c in CLIENTS[t]:
+                    envs.append(env(rid, 0, c, "server", "n_samples", 40))
+                    if m == "feddg":
+                        envs.append(env(rid, 0, c, "server", "amplitude_bank", 1000))
+                        envs.append(env(rid, 0, "server", c, "amplitude_bank", 1000))
+                    for r in range(1, rounds + 1):
+                        envs.append(env(rid, r, c, "server", "weights", 300))
+                        envs.append(env(rid, r, "server", c, "weights", 300))
+    runs.append(dict(run=run_id("fedavg", "", "A", 9), dataset="digits", method="fedavg", variant="", target="A",
+                     seed=9, sweep={}, params={}, plugin="fedavg", status="failed", error="RuntimeError: boom"))
+    (root / "summary.json").write_text(json.dumps({"scenario": "fab", "runs": runs}))
+    write_csv(root / "metrics.csv", metrics)
+    (root / "messages.jsonl").write_text("".join(json.dumps(e) + "\n" for e in envs))
+    if leakage:
+        write_csv(root / "leakage.csv", leakage, LEAK_FIELDS)
+    if extra:
+        (root / "controls.json").write_text(json.dumps([dict(attack="pr", name="toy", metric="psnr", value=90.0,
+                                                             threshold=60.0, positive=True, passed=True)]))
+        ok = [r for r in runs if r["status"] == "ok"]
+        rec = root / "recon" / "pr"
+        rec.mkdir(parents=True)
+        x = rng.uniform(0, 1, (4, 1, 8, 8)).astype(np.float32)
+        for r in ok[:2]:
+            np.savez(rec / f"{r['run'].replace('/', '__')}__{r['clients'][0]}__main.npz", truth=x,
+                     recon=np.clip(x + 0.1 * rng.standard_normal(x.shape), 0, 1), baseline=np.full_like(x, x.mean()))
+        mia = root / "mia" / "loss"
+        mia.mkdir(parents=True)
+        for r in ok:
+            n = 50
+            member = np.r_[np.ones(n), np.zeros(n)].astype(np.int8)
+            score = np.r_[rng.normal(1, 1, n), rng.normal(0, 1, n)]
+            np.savez(mia / (r["run"].replace("/", "__") + ".npz"), score=np.r_[score, score - 5],
+                     member=np.r_[member, member], victim=np.array([r["clients"][0]] * (4 * n)),
+                     variant=np.array(["loss"] * (4 * n)), round=np.r_[np.full(2 * n, 2), np.full(2 * n, 1)])
+        priv = [dict(run=r["run"], party=c, mechanism="dp_sgd", round=k, epsilon=k * (1 + i), delta=1e-5)
+                for r in ok if r["method"] == "feddg" for i, c in enumerate(r["clients"]) for k in (1, 2)]
+        write_csv(root / "privacy.csv", priv)
+    return root
+
+
+def leak_row(run, attack, artifact, victim, rnd, metric, value, baseline, status="ok", output="main"):
+    m, t, s = run.split("/")[1], run.split("/")[2], int(run.split("/")[3][1:])
+    return dict(run=run, dataset="digits", method=m, variant="", target=t, seed=s, attack=attack, adversary="server",
+                artifact=artifact, round=rnd, victim=victim, output=output, metric=metric, value=value,
+                baseline=baseline, status=status)
+
+
+def md_table(text, first_header, after="# "):
+    """Rows (dicts by header) of the first markdown table after the line starting with ``after`` whose header
+    starts with ``| first_header |``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(after))
+    i = next(i for i, line in enumerate(lines) if i > start and line.startswith(f"| {first_header} |"))
+    head = [c.strip() for c in lines[i].strip("|").split("|")]
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(head, [c.strip() for c in line.strip("|").split("|")])))
+    return rows
+
+
+def parse_pm(cell):
+    m = re.match(r"([-\d.]+)(?: ± ([-\d.]+))?", cell)
+    return float(m.group(1)), (float(m.group(2)) if m.group(2) else float("nan"))
+
+
+# ---------------------------------------------------------------- accuracy
+
+def test_accuracy_mean_std_over_seeds_grouped_by_method_target_and_sweep(tmp_path):
+    methods = [("fedavg", "[lr=0.1]", {"train.lr": 0.1}), ("fedavg", "[lr=0.5]", {"train.lr": 0.5}),
+               ("feddg", "[lr=0.1]", {"train.lr": 0.1}), ("feddg", "[lr=0.5]", {"train.lr": 0.5})]
+    drop = {run_id("feddg", "[lr=0.5]", "B", 2)}            # seed 2 lacks target B for this variant
+    root = fabricate(tmp_path / "r", methods=methods, drop=drop, extra=False)
+    summary = json.loads((root / "summary.json").read_text())["runs"]
+    acc = {(r["method"], r["variant"], r["target"], r["seed"]): r["target_acc"] for r in summary if r["status"] == "ok"}
+    md = write_report([root], tmp_path / "out").read_text()
+    rows = md_table(md, "method")
+    assert len(rows) == 4 and {(r["method"], r["lr"]) for r in rows} == \
+        {("fedavg", "0.1"), ("fedavg", "0.5"), ("feddg", "0.1"), ("feddg", "0.5")}
+    for r in rows:
+        var = f"[lr={r['lr']}]"
+        for t in ("A", "B"):
+            v = [a for (m, vv, tt, s), a in acc.items() if (m, vv, tt) == (r["method"], var, t)]
+            mean, std = parse_pm(r[t])
+            assert mean == pytest.approx(np.mean(v), abs=6e-4) and std == pytest.approx(np.std(v, ddof=1), abs=6e-4)
+        seeds = [s for s in (0, 1, 2) if all((r["method"], var, t, s) in acc for t in "AB")]
+        per_seed = [np.mean([acc[(r["method"], var, t, s)] for t in "AB"]) for s in seeds]
+        mean, std = parse_pm(r["mean over targets"])
+        assert mean == pytest.approx(np.mean(per_seed), abs=6e-4)
+        assert std == pytest.approx(np.std(per_seed, ddof=1), abs=6e-4)
+        assert ("lack a target" in r["mean over targets"]) == (r["method"] == "feddg" and r["lr"] == "0.5")
+    assert "failed: `digits/fedavg/A/s9`" in md                 # the failed run is listed, not averaged
+    table = T.accuracy_table(T.load([root]))
+    assert all(row["runs"] == 6 - (row["key"] == ("digits", "feddg", "[lr=0.5]")) for row in table)
+
+
+def test_single_seed_has_no_std(tmp_path):
+    root = fabricate(tmp_path / "r", seeds=(0,), acc=lambda m, v, t, s: 0.5 if t == "A" else 0.7, extra=False)
+    row = T.accuracy_table(T.load([root]))[0]
+    assert row["mean"]["mean"] == pytest.approx(0.6) and row["mean"]["n"] == 1 and math.isnan(row["mean"]["std"])
+    assert T.fmt(row["mean"]) == "0.600"
+
+
+# ---------------------------------------------------------------- leakage
+
+def test_leakage_strongest_over_victims_and_rounds_then_over_runs(tmp_path):
+    r0, r1 = run_id("feddg", "", "A", 0), run_id("feddg", "", "A", 1)
+    a0 = run_id("fedavg", "", "A", 0)
+    rows = [leak_row(r0, "pr", "amplitude_bank", "B", 0, "psnr", 20.0, 10.0),
+            leak_row(r0, "pr", "amplitude_bank", "C", 0, "psnr", 24.0, 12.0),      # strongest of run 0
+            leak_row(r1, "pr", "amplitude_bank", "B", 0, "psnr", 30.0, 11.0),      # strongest of run 1
+            leak_row(r1, "pr", "amplitude_bank", "C", 0, "psnr", 18.0, 9.0),
+            leak_row(r0, "size", "n_samples", "B", 0, "n_samples_rel_error", 0.3, float("nan")),
+            leak_row(r0, "size", "n_samples", "C", 0, "n_samples_rel_error", 0.1, float("nan")),  # lower = stronger
+            leak_row(r1, "size", "n_samples", "B", 0, "n_samples_rel_error", 0.5, float("nan")),
+            leak_row(a0, "mia", "weights", "B", 1, "auc", 0.7, 0.5, "not measurable (control failed)"),
+            leak_row(a0, "mia", "weights", "B", 2, "auc", 0.8, 0.5, "not measurable (control failed)"),
+            leak_row(a0, "pr", "", "", "", "skipped", float("nan"), float("nan"), "skipped: no amplitude bank")]
+    root = fabricate(tmp_path / "r", leakage=rows, extra=False)
+    res = T.load([root])
+    assert len(res.attack_notes) == 1 and all(r["metric"] != "skipped" for r in res.leakage)
+    tab = {(r["method"], r["attack"], r["metric"]): r for r in T.leakage_table(res)}
+    psnr = tab[("feddg", "pr", "psnr")]
+    assert psnr["value"]["mean"] == pytest.approx(27.0) and psnr["value"]["std"] == pytest.approx(np.std([24, 30], ddof=1))
+    assert psnr["baseline"]["mean"] == pytest.approx(11.5)          # baselines of the selected rows (12, 11)
+    assert psnr["top"]["value"] == 30.0 and psnr["top"]["victim"] == "B" and psnr["runs"] == 2
+    err = tab[("feddg", "size", "n_samples_rel_error")]
+    assert err["value"]["mean"] == pytest.approx(0.3) and err["top"]["value"] == 0.1
+    mia = tab[("fedavg", "mia", "auc")]
+    assert mia["value"]["mean"] == 0.8 and mia["status"].startswith("not measurable")
+    # method-level leakage leaves out unmeasurable rows; psnr of feddg = mean over runs of per-run max
+    assert T.method_leakage(res, "auc") == {}
+    assert T.method_leakage(res, "psnr")[("digits", "feddg", "")]["value"]["mean"] == pytest.approx(27.0)
+    md = write_report([root], tmp_path / "out").read_text()
+    lrows = md_table(md, "method", after="## Leakage")
+    assert {(r["method"], r["attack"], r["metric"]) for r in lrows} == set(tab)
+    p = next(r for r in lrows if r["metric"] == "psnr")
+    assert parse_pm(p["strongest (mean ± std over runs)"])[0] == 27.0 and p["Δ vs baseline"] == "+15.5"
+    assert "skipped: no amplitude bank (1×)" in md
+    h = headline(root)
+    assert "amplitude_bank: psnr 27.0 ± 4.2 dB vs 11.5 ± 0.7 (pr)" in h
+    assert "weights: auc not measurable (mia: control failed)" in h
+
+
+def test_pareto_front_on_a_hand_made_example():
+    # (leakage, accuracy): b dominates a (less leakage, more accuracy); c and d trade off; e ties c exactly
+    pts = [(0.8, 0.5), (0.6, 0.6), (0.9, 0.9), (0.5, 0.4), (0.9, 0.9), (0.95, 0.85)]
+    assert T.pareto_front(pts) == [False, True, True, True, True, False]
+    # for an error metric (lower = more leakage) the orientation flips
+    assert T.pareto_front([(0.1, 0.9), (0.5, 0.8), (0.5, 0.95)], higher=False) == [False, False, True]
+    assert T.pareto_front([]) == []
+
+
+# ---------------------------------------------------------------- bytes
+
+def test_bytes_per_round_by_kind_direction_and_client_kinds(tmp_path):
+    root = fabricate(tmp_path / "r", seeds=(0, 1), rounds=4, extra=False)
+    by = T.bytes_table(T.load([root]))
+    avg, dg = by[("digits", "fedavg", "")], by[("digits", "feddg", "")]
+    assert avg["runs"] == 4 and set(avg["kinds"]) == {("n_samples", "up"), ("weights", "up"), ("weights", "down")}
+    # two clients per run: round 0 n_samples 2x40 once; weights 2x300 each way per round, for 4 rounds
+    assert avg["kinds"][("n_samples", "up")] == dict(once=80, per_round=0, total=80)
+    assert avg["kinds"][("weights", "up")] == dict(once=0, per_round=600, total=2400)
+    assert (avg["once"], avg["per_round"], avg["total"]) == (80, 1200, 4880)
+    assert dg["kinds"][("amplitude_bank", "down")]["once"] == 2000 and dg["once"] == 4080
+    assert dg["clients"] == {c: ["amplitude_bank", "n_samples", "weights"] for c in "ABC"}
+    assert avg["clients"] == {c: ["n_samples", "weights"] for c in "ABC"}
+    h = headline(root)
+    assert "fedavg  (4 runs; per run: 4.88 kB total, 80 B once at round 0, 1.2 kB per round)" in h
+    assert "left client(s) A, B, C: amplitude_bank, n_samples, weights" in h
+    assert re.search(r"↓ amplitude_bank +per round +0 B +once +2 kB +total +2 kB", h)
+    row = next(line for line in h.splitlines() if line.startswith("feddg "))
+    assert row.split()[-1] == f"{dg['total'] / 1e6:.2f}"
+
+
+# ---------------------------------------------------------------- files, links, aggregation
+
+def test_report_files_relative_links_privacy_roc_and_grids(tmp_path):
+    r0 = run_id("feddg", "", "A", 0)
+    leak = [leak_row(r0, "pr", "amplitude_bank", "B", 0, "psnr", 25.0, 11.0),
+            leak_row(run_id("fedavg", "", "A", 0), "loss", "weights", "B", 2, "auc", 0.6, 0.5)]
+    root = fabricate(tmp_path / "r", leakage=leak)
+    out = tmp_path / "copy" / "example-report"
+    md = write_report([root], out).read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert links and all(not l.startswith("/") and l.startswith("plots/") for l in links)
+    for name in ("accuracy_digits.png", "bytes.png", "privacy_eps_accuracy.png", "roc_loss.png", "recon_pr.png",
+                 "pareto_digits_psnr.png", "pareto_digits_auc.png"):
+        assert f"plots/{name}" in links
+        assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # ε per run = the largest ε in privacy.csv (here 2 * 2 for the second client), shown for feddg only
+    eps = T.privacy_table(T.load([root]))
+    assert set(eps) == {("digits", "feddg", "")} and eps[("digits", "feddg", "")]["epsilon"]["mean"] == 4.0
+    assert "| feddg | 4.00 ± 0.00 | 1e-05 |" in md
+    h = headline(root)
+    assert re.search(r"^feddg .* 4\.00 ", h, re.M) and re.search(r"^fedavg .* — ", h, re.M)
+    # membership scores: the last round only (round 2, not the shifted round-1 copy), pooled over runs
+    mia = T.membership_scores(T.load([root]))["loss"]
+    d = mia[(("digits", "fedavg", ""), "loss")]
+    assert len(d["scores"]) == 6 * 100 and len(d["models"]) == 6 and d["labels"].sum() == 300
+
+
+def test_aggregates_several_folders_and_later_duplicates_win(tmp_path):
+    a = fabricate(tmp_path / "a", seeds=(0,), acc=lambda m, v, t, s: 0.2, extra=False)
+    b = fabricate(tmp_path / "b", seeds=(0, 1), acc=lambda m, v, t, s: 0.4 + 0.1 * s, extra=False)
+    res = T.load([a, b])
+    assert len(res.ok) == 8 and any("appears in" in n for n in res.notes)
+    row = next(r for r in T.accuracy_table(res) if r["method"] == "fedavg")
+    assert row["mean"]["mean"] == pytest.approx(0.45)            # b's seed 0 replaced a's
+    assert T.bytes_table(res)[("digits", "fedavg", "")]["runs"] == 4
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "agg")]) == 0
+    assert (tmp_path / "agg" / "report.md").exists()
+    with pytest.raises(UserError, match="summary.json"):
+        write_report([tmp_path], tmp_path / "x")
+
+
+def test_write_report_on_a_real_tiny_run(run_toml):
+    root = run_toml("""
+        name = "tiny"
+        seeds = [0]
+        [data]
+        dataset = "digits"
+        family = "rotated"
+        domains = ["rot0", "rot30", "rot60"]
+        targets = ["rot0"]
+        per_domain = 60
+        [model]
+        arch = "cnn_small"
+        [train]
+        rounds = 1
+        batch_size = 32
+        [[methods]]
+        name = "fedavg"
+        """)
+    md = (root / "report.md").read_text()                        # written by the runner (report = true)
+    summary = json.loads((root / "summary.json").read_text())["runs"][0]
+    row = md_table(md, "method")[0]
+    assert row["method"] == "fedavg" and float(row["rot0"]) == pytest.approx(summary["target_acc"], abs=6e-4)
+    assert (root / "plots" / "accuracy_rotated.png").exists() and (root / "plots" / "bytes.png").exists()
+    h = headline(root)
+    assert h.splitlines()[2].startswith("fedavg") and "left client(s) rot30, rot60: n_samples, weights" in h
