@@ -79,7 +79,7 @@ def headline(root) -> str:
     for g in res.groups():
         a = acc.get(g)
         e = eps.get(g)
-        rows.append([res.label(g), (fmt(a["mean"]) + f"  ({len(a['seeds'])} seeds)") if a else "—",
+        rows.append([res.label(g), (fmt(a["mean"]) + f"  ({len(a['seeds'])} seed{'s' * (len(a['seeds']) != 1)})") if a else "—",
                      "\n".join(_leak_lines(leak, g)) or "—",
                      f"{e['epsilon']['mean']:.2f}" if e else "—",
                      f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])

@@ -47,24 +47,26 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
         targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
         xs = targets + ["mean over targets"]
         width = 0.8 / len(rows)
-        fig = _fig(max(6.0, 0.9 + len(xs) * (0.35 + 0.18 * len(rows))), 4.2)
+        fig = _fig(max(6.0, 1.5 + len(xs) * (0.45 + 0.22 * len(rows))), 4.2)
         ax = fig.subplots()
         for i, r in enumerate(rows):
             cells = [r["targets"].get(t, T.stat([])) for t in targets] + [r["mean"]]
             x = np.arange(len(xs)) + (i - (len(rows) - 1) / 2) * width
+            err = [0 if math.isnan(c["std"]) else c["std"] for c in cells]
             ax.bar(x, [c["mean"] for c in cells], width, color=col[r["key"]], label=res.label(r["key"]),
-                   yerr=[0 if math.isnan(c["std"]) else c["std"] for c in cells], capsize=2,
-                   error_kw=dict(lw=0.8))
+                   yerr=err if any(err) else None, capsize=2, error_kw=dict(lw=0.8))
         k = {r["num_classes"] for r in rows if r.get("num_classes")}
         if len(k) == 1:
             k = k.pop()
             ax.axhline(1 / k, color="k", ls="--", lw=1, label=f"chance (1/{k} classes)")
-        ax.set_xticks(range(len(xs)), xs)
+        ax.set_xticks(range(len(xs)), xs, rotation=20 if len(xs) > 4 else 0, ha="right" if len(xs) > 4 else "center")
         ax.set_ylim(0, 1)
         ax.set_ylabel("held-out-domain accuracy (fraction correct)")
         ax.set_xlabel("held-out (target) domain")
+        one = all(len(r["seeds"]) == 1 for r in rows)
         ax.set_title(f"{ds}: accuracy on the unseen domain at the round chosen on source validation\n"
-                     f"bars: mean over {_seeds(rows)}, error bars: std over seeds", fontsize=10)
+                     + ("1 seed (no error bars)" if one else f"bars: mean over {_seeds(rows)}, error bars: std over "
+                        "seeds"), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         files.append(_save(fig, out, f"accuracy_{T.slug(ds)}.png"))
@@ -129,7 +131,7 @@ def pareto(res: T.Results, acc: list[dict], out: Path) -> list[tuple[str, str]]:
                 ax.errorbar(x, y, xerr=0 if math.isnan(lv["std"]) else lv["std"],
                             yerr=0 if math.isnan(a["std"]) else a["std"], fmt="o", ms=8 if on else 6,
                             color=col[g], mec="k" if on else col[g], mew=1.5, capsize=2,
-                            label=f"{res.label(g)} ({lv['n']} attacked runs)")
+                            label=f"{res.label(g)} ({lv['n']} attacked run{'s' * (lv['n'] != 1)})")
                 b = leak[g]["baseline"]["mean"]
                 if not math.isnan(b):
                     ax.plot([b, x], [y, y], color=col[g], lw=0.7, ls=":")
@@ -235,7 +237,7 @@ def roc(res: T.Results, out: Path) -> list[str]:
     for attack, pooled in T.membership_scores(res).items():
         fig = _fig(6.4, 5.2)
         ax = fig.subplots()
-        lo = 1.0
+        lo, styles = 1.0, {}
         for (g, var), d in pooled.items():
             s, y = d["scores"], d["labels"]
             if y.min() == y.max():
@@ -245,17 +247,19 @@ def roc(res: T.Results, out: Path) -> list[str]:
             lo = min(lo, 1 / n0)
             t1 = M.tpr_at_fpr(s, y, 0.01)
             name = res.label(g) + ("" if var == "main" else f" ({var})")
-            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], drawstyle="steps-post",
+            ls = styles.setdefault(var, ["-", "--", "-.", ":"][len(styles) % 4])
+            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], ls=ls, lw=1.6,
+                    drawstyle="steps-post",
                     label=f"{name}: AUC {M.auc(s, y):.3f}, TPR@1%FPR {'n/a' if math.isnan(t1) else f'{t1:.3f}'}\n"
                           f"    pooled over {len(d['models'])} models×victims, {int(y.sum())} members, {n0} non-members")
-        ax.plot([lo / 2, 1], [lo / 2, 1], "k--", lw=1, label="baseline: random guess (TPR = FPR)")
+        ax.plot([lo / 2, 1], [lo / 2, 1], color="0.5", lw=1, label="baseline: random guess (TPR = FPR)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo / 2, 1)
-        ax.set_ylim(lo / 2, 1.05)
+        ax.set_ylim(lo / 2, 1.3)
         ax.set_xlabel("false positive rate (log scale)")
         ax.set_ylabel("true positive rate (log scale)")
-        ax.set_title(f"{attack}: membership ROC of the final model, scores pooled over runs\n(targets × seeds) and "
+        ax.set_title(f"{attack}: membership ROC (last round attacked), scores pooled over runs\n(targets × seeds) and "
                      "victims; rates below 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
