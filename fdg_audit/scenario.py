@@ -180,8 +180,20 @@ def parse(raw: dict) -> Scenario:
 
 
 def method_params(method, entry: MethodEntry, train: dict):
-    """The method's Params from [train] defaults overlaid by the [[methods]] entry."""
-    return typed(method.Params, {**train, **entry.params}, f"methods.{entry.label}")
+    """The method's Params from [train] defaults overlaid by the [[methods]] entry; shared fields are checked."""
+    p = typed(method.Params, {**train, **entry.params}, f"methods.{entry.label}")
+    where = f"methods.{entry.label}"
+    if p.optimizer not in ("sgd", "adam"):
+        raise UserError(f"{where}.optimizer = {p.optimizer!r}: use \"sgd\" or \"adam\"")
+    for key in ("rounds", "batch_size"):
+        if getattr(p, key) < 1:
+            raise UserError(f"{where}.{key} = {getattr(p, key)!r}: use an integer >= 1")
+    if p.local_epochs < 0 or p.local_steps < 0 or (p.local_epochs == 0 and p.local_steps == 0):
+        raise UserError(f"{where}: local_epochs = {p.local_epochs}, local_steps = {p.local_steps}: "
+                        "set local_epochs >= 1, or local_steps >= 1 (steps replace epochs)")
+    if p.lr <= 0:
+        raise UserError(f"{where}.lr = {p.lr!r}: use a learning rate > 0")
+    return p
 
 
 def variants(raw: dict) -> list[tuple[dict, dict]]:

@@ -125,6 +125,8 @@ def cli(*args, cwd=None):
     (TINY.replace('dataset = "digits"', 'dataset = "folder"\nroot = "/no/such/PACS"'), "/no/such/PACS"),
     (TINY.replace('name = "fedavg"', 'name = "fedavgg"'), "fedavgg"),
     (TINY.replace("[model]", "[model]\nwidth = 3"), "unknown key model.width"),
+    (TINY.replace("lr = 0.05", "lr = 0.05\noptimizer = \"adamw\""), "optimizer = 'adamw'"),
+    (TINY.replace("rounds = 2", "rounds = 0"), "rounds = 0"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, text, needle):
     f = tmp_path / "bad.toml"
