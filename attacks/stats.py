@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from fdg_audit import metrics as M
 from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped
-from fdg_audit.federation import TrainParams, load_arrays, make_optimizer
+from fdg_audit.federation import TrainParams, make_optimizer
 
 STAT_KEYS = ("running_mean", "running_var")
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped
+from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores
 from methods.ccst import Params as CCSTParams
 from methods.ccst import build_encoder, image_styles
 

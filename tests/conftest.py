@@ -1,5 +1,7 @@
 """Shared test helpers: run a tiny scenario from TOML text into a temporary folder."""
+import csv
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,3 +16,9 @@ def run_toml(tmp_path):
         f.write_text(textwrap.dedent(text))
         return run_scenario(str(f), list(sets), out=str(tmp_path / "runs"), quiet=True)
     return run
+
+
+def leakage_rows(root, **match) -> list[dict]:
+    """Rows of a run folder's leakage.csv whose columns equal the given values."""
+    with open(Path(root) / "leakage.csv") as f:
+        return [r for r in csv.DictReader(f) if all(r[k] == v for k, v in match.items())]

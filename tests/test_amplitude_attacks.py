@@ -3,7 +3,6 @@
 ``FakeBank`` is a FedAvg that uploads and relays the same bank FedDG does (phase "bank" / "bank_relay", kind
 "amplitude_bank", {"amp"} / {"<sender>/amp"}); it is run by "module:Class" name like any third-party method.
 """
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from fdg_audit.ledger import Ledger
 from fdg_audit.runner import run_scenario
 from methods.fedavg import FedAvgClient, FedAvgServer
 from methods.fedavg import Params as FedAvgParams
+
+from conftest import leakage_rows as rows
 
 
 @dataclass
@@ -100,11 +101,6 @@ def runs(tmp_path_factory):
             made[key] = run_scenario(str(f), out=str(out / key), quiet=True)
         return made[key]
     return get
-
-
-def rows(root, **match):
-    with open(Path(root) / "leakage.csv") as f:
-        return [r for r in csv.DictReader(f) if all(r[k] == v for k, v in match.items())]
 
 
 def controls(root, attack):

@@ -23,6 +23,8 @@ from fdg_audit.runner import run_scenario
 
 SEEN = []   # (view, aux) of every Spy.run call in this process
 
+from conftest import leakage_rows as rows
+
 
 class Spy(Attack):
     """Records what it is given; scores every candidate at random; skips one victim with a reason."""
@@ -92,11 +94,6 @@ def root(tmp_path_factory):
     out = tmp_path_factory.mktemp("fw")
     (out / "s.toml").write_text(SCENARIO)
     return run_scenario(str(out / "s.toml"), out=str(out / "runs"), quiet=True)
-
-
-def rows(root, **match):
-    with open(Path(root) / "leakage.csv") as f:
-        return [r for r in csv.DictReader(f) if all(r[k] == v for k, v in match.items())]
 
 
 def view_of(root, adversary, me):

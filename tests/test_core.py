@@ -3,7 +3,6 @@ import hashlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import torch
 
 from fdg_audit.bus import Bus, decode, encode
 from fdg_audit.errors import UserError
-from fdg_audit.federation import Server
 from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig, build_model
 from fdg_audit.runner import plan

@@ -10,7 +10,7 @@ from fdg_audit.attack import federate
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.errors import UserError
 from fdg_audit.models import ModelConfig
-from methods.fedadg import FedADG, Generator, Params, smoothed_ce
+from methods.fedadg import Generator, Params, smoothed_ce
 
 
 def _run(**kw):

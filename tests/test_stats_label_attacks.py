@@ -1,5 +1,4 @@
 """BN-statistics domain inference, dataset size, label distribution, and the label-skew data option."""
-import csv
 
 import numpy as np
 import pytest
@@ -29,8 +28,7 @@ lr = 0.05
 """
 
 
-def rows(root):
-    return list(csv.DictReader(open(root / "leakage.csv")))
+from conftest import leakage_rows as rows  # noqa: E402
 
 
 def test_controls_pass():

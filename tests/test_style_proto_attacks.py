@@ -1,5 +1,4 @@
 """Style-bank and prototype attacks: controls, helpers, and end-to-end runs on tiny CCST / FPL federations."""
-import csv
 import json
 
 import numpy as np
@@ -27,8 +26,7 @@ lr = 0.05
 """
 
 
-def rows(root):
-    return list(csv.DictReader(open(root / "leakage.csv")))
+from conftest import leakage_rows as rows  # noqa: E402
 
 
 def test_controls_pass():
