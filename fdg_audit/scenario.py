@@ -208,7 +208,7 @@ def variants(raw: dict) -> list[tuple[dict, dict]]:
         r = copy.deepcopy(raw)
         r.pop("sweep", None)
         for k, v in zip(keys, combo):
-            apply_set(r, f"{k}={json.dumps(v) if not isinstance(v, str) else json.dumps(v)}")
+            apply_set(r, f"{k}={json.dumps(v)}")
         out.append((dict(zip(keys, combo)), r))
     return out
 
