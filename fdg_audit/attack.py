@@ -196,6 +196,14 @@ class AdversaryView:
     def kinds(self) -> set[str]:
         return {m.kind for m in self._msgs}
 
+    @property
+    def protocol(self):
+        """The method's plugin class: its public protocol pieces (Kerckhoffs), e.g. a style function, a class code
+        or a generator architecture that the method exposes as class attributes. Attacks use this route, never the
+        method's module internals, so a third-party method can expose the same pieces."""
+        from .plugins import load_method
+        return load_method(self.method)
+
     def new_model(self) -> torch.nn.Module:
         """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
         from types import SimpleNamespace
@@ -377,8 +385,7 @@ LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack"
 
 
 def _runs(root: Path) -> dict[str, dict]:
-    from .runner import plan
-    from .scenario import load_raw
+    from .scenario import load_raw, plan
     summary = json.loads((root / "summary.json").read_text())
     planned = {r["run_id"]: r for r in plan(load_raw(root / "config.resolved.toml"))}
     out = {}
@@ -396,14 +403,14 @@ def _make(cfg: dict, device):
     cfg = dict(cfg)
     name, label = cfg.pop("name"), cfg.pop("label", None) or None
     cls = load_attack(name)
-    from .scenario import typed
+    from .params import typed
     label = label or cls.name or name
     return label, cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
 
 
 def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
     """Run attacks on every finished run of a run folder; write leakage.csv, controls and grids."""
-    from .runner import resolve_device
+    from .params import resolve_device
     root = Path(root)
     ledger = Ledger.open(root)
     runs = _runs(root)

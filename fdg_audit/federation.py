@@ -24,19 +24,7 @@ from .bus import Bus, Payload
 from .data import DataConfig, Domain, DomainSet, Split, load_data
 from .errors import UserError
 from .models import ModelConfig, build_model
-
-
-@dataclass
-class TrainParams:
-    """Hyperparameters every method shares; a method's Params dataclass extends this."""
-    rounds: int = 10
-    local_epochs: int = 1
-    local_steps: int = 0          # > 0: this many SGD steps per round instead of local_epochs
-    batch_size: int = 32
-    lr: float = 0.01
-    optimizer: str = "sgd"        # sgd | adam
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
+from .params import TrainParams, make_optimizer, resolve_device  # noqa: F401  (re-exported for methods)
 
 
 @dataclass
@@ -55,12 +43,6 @@ def load_arrays(model: torch.nn.Module, arrays: dict[str, torch.Tensor]) -> torc
     dev = next(model.parameters()).device
     model.load_state_dict({k: v.to(dev) for k, v in arrays.items()})
     return model
-
-
-def make_optimizer(p: TrainParams, params) -> torch.optim.Optimizer:
-    if p.optimizer == "adam":
-        return torch.optim.Adam(params, lr=p.lr, weight_decay=p.weight_decay)
-    return torch.optim.SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
 
 
 def seed_sequence(seed: int, run_id: str) -> np.random.SeedSequence:

@@ -22,41 +22,31 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from . import __version__
-from .data import load_data
 from .errors import UserError
 from .federation import RunSpec, run_federation
+from .params import resolve_device
 from .ledger import Ledger, atomic_write
-from .plugins import load_method
-from .privacy import check_run, privacy_config, privacy_csv
-from .scenario import dump_toml, method_params, parse, variants
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device = {name!r} but CUDA is not available: use device = \"auto\" or \"cpu\"")
-    return name
+from .privacy import privacy_csv
+from .scenario import dump_toml, plan  # noqa: F401  (plan re-exported)
 
 
 class Progress:
-    """One line per run on a terminal (rounds done, accuracy); silent when stderr is not a TTY."""
+    """A tqdm bar per run (rounds done, accuracy); silent when stderr is not a TTY."""
 
     def __init__(self, label: str, total: int):
-        self.label, self.total, self.tty = label, total, sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=label, leave=True, disable=not sys.stderr.isatty(), dynamic_ncols=True)
 
     def __call__(self, row: dict) -> None:
-        if not self.tty:
+        if row["round"] == 0:
             return
-        n = row["round"]
-        bar = "#" * int(20 * n / max(1, self.total))
-        acc = f" val {row['source_val_acc']:.3f} tgt {row['target_acc']:.3f}" if "target_acc" in row else ""
-        sys.stderr.write(f"\r{self.label} [{bar:<20}] {n}/{self.total}{acc}")
-        if n == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        if "target_acc" in row:
+            self.bar.set_postfix(val=f"{row['source_val_acc']:.3f}", tgt=f"{row['target_acc']:.3f}", refresh=False)
+        self.bar.update(1)
+        if self.bar.n >= self.bar.total:
+            self.bar.close()
 
 
 def _git_commit() -> str:
@@ -65,31 +55,6 @@ def _git_commit() -> str:
                               cwd=Path(__file__).parent, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
-
-
-def plan(raw: dict) -> list[dict]:
-    """Every run of a scenario: sweep variant x dataset x method x target x seed (validated up front)."""
-    runs = []
-    for assign, r in variants(raw):
-        sc = parse(r)
-        tag = "" if not assign else "[" + ",".join(f"{k.split('.')[-1]}={v}" for k, v in assign.items()) + "]"
-        for ds in sc.datasets:
-            data = load_data(ds)
-            targets = data.names if ds.targets == "all" else list(ds.targets)
-            for t in targets:
-                data.domain(t)
-            for m in sc.methods:
-                method = load_method(m.name)
-                params = method_params(method, m, sc.train)
-                privacy = privacy_config({**sc.privacy, **m.privacy}, f"methods.{m.label}.privacy"
-                                         if m.privacy else "privacy")
-                check_run(privacy, sc.model, data)
-                for t in targets:
-                    for seed in sc.seeds:
-                        runs.append(dict(sc=sc, data=data, ds=ds, method=m, params=params, target=t, seed=seed,
-                                         variant=tag, sweep=assign, privacy=privacy,
-                                         run_id=f"{ds.label}/{m.label}{tag}/{t}/s{seed}"))
-    return runs
 
 
 def truth_writer(root: Path):

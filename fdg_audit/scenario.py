@@ -1,4 +1,4 @@
-"""Scenario files: TOML -> typed, validated config; ``--set a.b=c`` overrides; sweep expansion.
+"""Scenario files: TOML -> typed, validated config; ``--set a.b=c`` overrides; sweep expansion; the run plan.
 
 Unknown keys are errors that list the allowed keys. A scenario expands into runs:
 sweep variant x dataset x method x held-out target x seed.
@@ -6,18 +6,21 @@ sweep variant x dataset x method x held-out target x seed.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import json
 import tomllib
+
+import tomli_w
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .data import DataConfig
+from .data import DataConfig, load_data
 from .errors import UserError
-from .federation import TrainParams
+from .params import TrainParams, _names, typed  # noqa: F401  (typed re-exported)
 from .models import ModelConfig
+from .plugins import load_method
+from .privacy import check_run, privacy_config
 
 
 @dataclass
@@ -59,38 +62,6 @@ class Scenario:
     attacks: list = field(default_factory=list)
     sweep: dict = field(default_factory=dict)
     privacy: dict = field(default_factory=dict)   # [privacy]: DP-SGD, artifact mechanisms, canaries (fdg_audit.privacy)
-
-
-def _names(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def typed(cls, raw: dict, where: str):
-    """Build dataclass ``cls`` from ``raw``; unknown keys and wrong types are one-line errors."""
-    if not isinstance(raw, dict):
-        raise UserError(f"{where} must be a table, got {raw!r}")
-    allowed = _names(cls)
-    bad = [k for k in raw if k not in allowed]
-    if bad:
-        raise UserError(f"unknown key {where}.{bad[0]}: allowed keys are {', '.join(allowed)}")
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue
-        v, default = raw[f.name], getattr(cls, f.name, None) if f.default is not dataclasses.MISSING else None
-        if f.type in ("Any", Any):
-            pass
-        elif isinstance(default, bool) and not isinstance(v, bool) or \
-                isinstance(default, (int, float)) and not isinstance(default, bool) and \
-                (isinstance(v, bool) or not isinstance(v, (int, float))) or \
-                isinstance(default, str) and not isinstance(v, str):
-            raise UserError(f"{where}.{f.name} = {v!r} has the wrong type: expected {type(default).__name__} "
-                            f"like the default {default!r}")
-        out[f.name] = float(v) if isinstance(default, float) and not isinstance(v, bool) else v
-    try:
-        return cls(**out)
-    except TypeError as e:
-        raise UserError(f"{where}: {e}") from None
 
 
 def parse_value(text: str):
@@ -213,34 +184,31 @@ def variants(raw: dict) -> list[tuple[dict, dict]]:
     return out
 
 
-def dump_toml(d: dict) -> str:
-    """A small TOML writer for the resolved config (tables, arrays of tables, scalars, lists)."""
-    def val(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{json.dumps(str(k))} = {val(x)}" for k, x in v.items()) + "}"
-        return json.dumps(str(v))
+def plan(raw: dict) -> list[dict]:
+    """Every run of a scenario: sweep variant x dataset x method x target x seed (validated up front)."""
+    runs = []
+    for assign, r in variants(raw):
+        sc = parse(r)
+        tag = "" if not assign else "[" + ",".join(f"{k.split('.')[-1]}={v}" for k, v in assign.items()) + "]"
+        for ds in sc.datasets:
+            data = load_data(ds)
+            targets = data.names if ds.targets == "all" else list(ds.targets)
+            for t in targets:
+                data.domain(t)
+            for m in sc.methods:
+                method = load_method(m.name)
+                params = method_params(method, m, sc.train)
+                privacy = privacy_config({**sc.privacy, **m.privacy}, f"methods.{m.label}.privacy"
+                                         if m.privacy else "privacy")
+                check_run(privacy, sc.model, data)
+                for t in targets:
+                    for seed in sc.seeds:
+                        runs.append(dict(sc=sc, data=data, ds=ds, method=m, params=params, target=t, seed=seed,
+                                         variant=tag, sweep=assign, privacy=privacy,
+                                         run_id=f"{ds.label}/{m.label}{tag}/{t}/s{seed}"))
+    return runs
 
-    def table(prefix, t, lines):
-        for k, v in t.items():
-            if not isinstance(v, dict) and not (isinstance(v, list) and v and all(isinstance(x, dict) for x in v)):
-                lines.append(f"{json.dumps(k) if '.' in k or ' ' in k else k} = {val(v)}")
-        for k, v in t.items():
-            name = f"{prefix}.{k}" if prefix else k
-            if isinstance(v, dict):
-                lines += ["", f"[{name}]"]
-                table(name, v, lines)
-            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
-                for x in v:
-                    lines += ["", f"[[{name}]]"]
-                    table(name, x, lines)
-    lines: list[str] = []
-    table("", d, lines)
-    return "\n".join(lines) + "\n"
+
+def dump_toml(raw: dict) -> str:
+    """The resolved config as TOML (tomli-w)."""
+    return tomli_w.dumps(raw)

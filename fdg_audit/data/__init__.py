@@ -6,149 +6,21 @@ an id (``Split.idx``) that is unique within the DomainSet, so audits can tell me
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
-import torch
-
-from fdg_audit.errors import UserError
-
-DATASETS = ("digits", "folder", "idx")
-# Where Debian's `apt-get install dataset-fashion-mnist` puts the gzipped IDX files.
-FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
-
-
-@dataclass
-class Split:
-    """Images (N, C, H, W) float32 in [0, 1], labels (N,) int64, source-image ids (N,) int64."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    idx: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.y.shape[0])
-
-
-@dataclass
-class Domain:
-    name: str
-    train: Split
-    val: Split
-
-
-@dataclass
-class DomainSet:
-    name: str
-    domains: list[Domain]
-    num_classes: int
-    channels: int
-    size: int
-
-    @property
-    def names(self) -> list[str]:
-        return [d.name for d in self.domains]
-
-    def domain(self, name: str) -> Domain:
-        for d in self.domains:
-            if d.name == name:
-                return d
-        raise UserError(f"unknown domain {name!r} in dataset {self.name}: use one of {', '.join(self.names)}")
-
-
-@dataclass
-class DataConfig:
-    dataset: str = "digits"  # "digits" | "folder" | "idx"
-    family: str = "rotated"  # digits: "rotated" | "appearance"; idx: "rotated"
-    root: str = ""  # folder: root/<domain>/<class>/<image>; idx: folder with the IDX files (empty = Fashion-MNIST)
-    domains: list[str] = field(default_factory=list)  # subset/order of domains, empty = all
-    per_domain: int = 0  # cap on images per domain (0 = all; idx: 0 means 1000); applied before the split
-    val_fraction: float = 0.2
-    image_size: int = 28  # folder datasets are resized to this; digits/idx are always 28
-    split_seed: int = 0
-    label_skew: float = 0.0  # > 0: per-domain class proportions of the TRAIN splits ~ Dirichlet(label_skew); 0 = off
-
-
-def split_domain(name: str, x: torch.Tensor, y: np.ndarray, ids: np.ndarray, val_fraction: float, seed) -> Domain:
-    """Stratified-ish train/val split: each class gives about val_fraction of its images to val."""
-    n = len(y)
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    rank = np.zeros(n)
-    for c in np.unique(y):
-        members = order[y[order] == c]
-        rank[members] = (np.arange(len(members)) + 0.5) / len(members)
-    by_rank = np.lexsort((rng.random(n), rank))
-    n_val = int(round(val_fraction * n))
-    if n - n_val < 1:
-        raise UserError(f"domain {name} has {n} images, none left for training: "
-                        f"lower data.val_fraction or raise data.per_domain")
-    val, train = np.sort(by_rank[:n_val]), np.sort(by_rank[n_val:])
-
-    def part(sel: np.ndarray) -> Split:
-        return Split(x[torch.as_tensor(sel, dtype=torch.long)].contiguous(), torch.as_tensor(y[sel], dtype=torch.int64),
-                     np.asarray(ids[sel], dtype=np.int64))
-
-    return Domain(name, part(train), part(val))
-
-
-def select_domains(cfg: DataConfig, available: list[str], where: str) -> list[str]:
-    """The domains cfg asks for, in its order (all when empty); UserError on unknown or repeated names."""
-    wanted = list(cfg.domains) or list(available)
-    unknown = [d for d in wanted if d not in available]
-    if unknown:
-        raise UserError(f"unknown domain(s) {', '.join(map(str, unknown))} in {where}: set data.domains to a subset of "
-                        f"{', '.join(available)} (or leave it empty for all)")
-    if len(set(wanted)) != len(wanted):
-        raise UserError(f"data.domains repeats a name ({', '.join(wanted)}): list each domain once")
-    return wanted
-
-
-def _validate(cfg: DataConfig) -> None:
-    if cfg.dataset not in DATASETS:
-        raise UserError(f"unknown data.dataset {cfg.dataset!r}: use one of {', '.join(DATASETS)}")
-    if not isinstance(cfg.per_domain, int) or cfg.per_domain < 0:
-        raise UserError(f"data.per_domain = {cfg.per_domain!r} is invalid: use 0 (all images) or a positive integer")
-    if not 0.0 <= float(cfg.val_fraction) < 1.0:
-        raise UserError(f"data.val_fraction = {cfg.val_fraction!r} is invalid: use a number in [0, 1), e.g. 0.2")
-    if not isinstance(cfg.image_size, int) or cfg.image_size < 8:
-        raise UserError(f"data.image_size = {cfg.image_size!r} is invalid: use an integer >= 8, e.g. 28")
-    if not isinstance(cfg.label_skew, (int, float)) or cfg.label_skew < 0:
-        raise UserError(f"data.label_skew = {cfg.label_skew!r} is invalid: use 0 (off) or a Dirichlet concentration "
-                        f"> 0, e.g. 0.5 (smaller = more skewed, some classes absent)")
-    if isinstance(cfg.domains, str):
-        raise UserError(f"data.domains = {cfg.domains!r} is a string: write a list, e.g. [\"rot0\", \"rot15\"]")
-
-
-def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
-    """Label-skewed training splits: domain i draws class proportions p ~ Dirichlet(alpha) (seeded by ``seed`` and
-    i) and keeps round(n_c * p_c / max(p)) of its n_c training images of class c (the dominant class keeps all;
-    small alpha drops classes). Validation splits are unchanged."""
-    out = []
-    for i, d in enumerate(ds.domains):
-        rng = np.random.default_rng([seed, 2000 + i])
-        y = d.train.y.numpy()
-        p = rng.dirichlet(np.full(ds.num_classes, float(alpha)))
-        keep = np.zeros(len(y), dtype=bool)
-        for c in range(ds.num_classes):
-            members = np.flatnonzero(y == c)
-            keep[rng.permutation(members)[:int(round(len(members) * p[c] / p.max()))]] = True
-        sel = torch.as_tensor(np.flatnonzero(keep))
-        out.append(Domain(d.name, Split(d.train.x[sel].contiguous(), d.train.y[sel], d.train.idx[sel.numpy()]), d.val))
-    return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size)
+from .base import (DATASETS, FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, Split, _validate,  # noqa: F401
+                   select_domains, skew_labels, split_domain)
 
 
 def load_data(cfg: DataConfig) -> DomainSet:
     """Build the DomainSet that cfg describes (nothing is downloaded or cached)."""
     _validate(cfg)
     if cfg.dataset == "digits":
-        from fdg_audit.data.digits import load_digits_domains
+        from .digits import load_digits_domains
         ds = load_digits_domains(cfg)
     elif cfg.dataset == "idx":
-        from fdg_audit.data.idx import load_idx_domains
+        from .idx import load_idx_domains
         ds = load_idx_domains(cfg)
     else:
-        from fdg_audit.data.folders import load_folder_domains
+        from .folders import load_folder_domains
         ds = load_folder_domains(cfg)
     return skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
 

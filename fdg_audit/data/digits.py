@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.data import DataConfig, DomainSet, select_domains, split_domain
+from .base import DataConfig, DomainSet, select_domains, split_domain
 from fdg_audit.errors import UserError
 
 ROTATED = {"rot0": 0, "rot15": 15, "rot30": 30, "rot45": 45, "rot60": 60, "rot75": 75}

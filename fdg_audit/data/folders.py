@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fdg_audit.data import DataConfig, DomainSet, select_domains, split_domain
+from .base import DataConfig, DomainSet, select_domains, split_domain
 from fdg_audit.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
-from fdg_audit.data.digits import ROTATED, partition, rotate
+from .base import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
+from .digits import ROTATED, partition, rotate
 from fdg_audit.errors import UserError
 
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}

@@ -31,25 +31,15 @@ from __future__ import annotations
 
 import csv
 import io
-import math
-import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from ..errors import UserError
+from .accounting import epsilon, new_accountant
+from .artifacts import ArtifactMechanism, GaussianRows
 
 ACCOUNTANTS = ("prv", "rdp")
 PRIVACY_FIELDS = ["run", "party", "mechanism", "round", "epsilon", "delta", "noise_multiplier", "clip",
                   "sample_rate", "accountant", "steps"]
-
-
-@dataclass
-class ArtifactMechanism:
-    """Per-row L2 clipping to ``clip`` (jointly over the payload's float arrays) + N(0, (noise_multiplier*clip)^2)."""
-    clip: float = 1.0
-    noise_multiplier: float = 1.0
-    rows: str = "image"             # image: each row comes from one image | aggregate: a row mixes several
-    passthrough: list = field(default_factory=list)   # non-float arrays / scalars sent unprotected (named)
 
 
 @dataclass
@@ -74,7 +64,7 @@ class PrivacyConfig:
 def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | None:
     """The validated config of a ``[privacy]`` table; None when it asks for nothing."""
     from ..bus import ARTIFACT_KINDS
-    from ..scenario import typed
+    from ..params import typed
     raw = dict(raw or {})
     arts, aud = raw.pop("artifacts", {}) or {}, raw.pop("audit", {}) or {}
     cfg = typed(PrivacyConfig, raw, where)
@@ -124,30 +114,6 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data) -> None:
                         f"{data.size}x{data.size} images")
 
 
-def new_accountant(name: str):
-    from opacus.accountants import create_accountant
-    return create_accountant(name)
-
-
-def epsilon(accountant, delta: float) -> float:
-    """The accountant's epsilon at delta; inf when any step had no noise. Memoized on (accountant type, history,
-    delta): clients with the same schedule share one computation (PRV takes ~0.4 s)."""
-    return _epsilon(accountant.mechanism(), tuple(tuple(h) for h in accountant.history), delta)
-
-
-@lru_cache(maxsize=4096)
-def _epsilon(name: str, history: tuple, delta: float) -> float:
-    if any(h[0] == 0 for h in history):
-        return math.inf
-    if not history:
-        return 0.0
-    acc = new_accountant(name)
-    acc.history = [tuple(h) for h in history]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(acc.get_epsilon(delta))
-
-
 def per_sample(loss_fn):
     """Mark a local loss ``loss_fn(model, x, y)`` as a mean of per-example terms (each example's term depends only
     on that example), so that DP-SGD may privatize it. Default cross-entropy needs no mark."""
@@ -165,7 +131,6 @@ def prepare_client(client) -> None:
 
 
 def build_filters(cfg: PrivacyConfig | None) -> dict:
-    from .artifacts import GaussianRows
     if cfg is None:
         return {}
     return {kind: [GaussianRows(kind, m, cfg.delta, cfg.accountant)] for kind, m in cfg.artifacts.items()}

@@ -23,14 +23,24 @@ sent this round), so the noise is the same in both engines, independent of the m
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..errors import UserError
-from . import ArtifactMechanism, epsilon, new_accountant
+from .accounting import epsilon, new_accountant
 
 SALT = 0x6A7D
+
+
+@dataclass
+class ArtifactMechanism:
+    """Per-row L2 clipping to ``clip`` (jointly over the payload's float arrays) + N(0, (noise_multiplier*clip)^2)."""
+    clip: float = 1.0
+    noise_multiplier: float = 1.0
+    rows: str = "image"             # image: each row comes from one image | aggregate: a row mixes several
+    passthrough: list = field(default_factory=list)   # non-float arrays / scalars sent unprotected (named)
 
 
 def noise_generator(run: str, sender: str, rnd: int, kind: str, count: int) -> torch.Generator:

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..errors import UserError
-from . import epsilon
+from .accounting import epsilon
 
 
 def _method(client) -> str:
@@ -121,5 +121,5 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
 
 
 def _optimizer(p, model):
-    from ..federation import make_optimizer
+    from ..params import make_optimizer
     return make_optimizer(p, model.parameters())
