@@ -42,7 +42,7 @@ from fdg_audit import metrics as M
 from fdg_audit.attack import Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate
 from fdg_audit.data import Split
 from fdg_audit.errors import UserError
-from methods.fedadg import Generator, class_code
+from fdg_audit.plugins import load_method
 
 
 @dataclass
@@ -76,12 +76,13 @@ def features(model, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sample(G: Generator, n: int, num_classes: int, code: float, gen: torch.Generator) -> tuple:
-    """n draws per class: (features (K·n, D), labels (K·n,)) with the same z for every class."""
+def sample(G: nn.Module, n: int, num_classes: int, code, gen: torch.Generator) -> tuple:
+    """n draws per class: (features (K·n, D), labels (K·n,)) with the same z for every class; ``code(y)`` is the
+    protocol's class code (see ``GeneratorLeakage.coder``)."""
     dev = next(G.parameters()).device
     z = torch.rand(n, G.noise_dim, generator=gen).to(dev).repeat(num_classes, 1)
     y = torch.arange(num_classes, device=dev).repeat_interleave(n)
-    return G(z, class_code(y, num_classes, code)), y
+    return G(z, code(y)), y
 
 
 def class_means(h: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -107,7 +108,9 @@ class Decoder(nn.Module):
 
 
 def train_decoder(h: torch.Tensor, x: torch.Tensor, steps: int, gen: torch.Generator, batch: int = 64) -> Decoder:
-    dec = Decoder(h.shape[1], x.shape[1], x.shape[-1]).to(h.device)
+    with torch.random.fork_rng(devices=[]):          # its initialisation from ``gen``, not from the global RNG
+        torch.manual_seed(int(torch.randint(2 ** 62, (1,), generator=gen)))
+        dec = Decoder(h.shape[1], x.shape[1], x.shape[-1]).to(h.device)
     opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
     x = x.to(h.device)
     for _ in range(steps):
@@ -132,7 +135,13 @@ class GeneratorLeakage(Attack):
             d = "toward" if view.params.get("gen_loss") == "official" else "away"
         return 1.0 if d == "toward" else -1.0
 
-    def infer(self, model, g0: Generator, gks: dict, aux, sign: float, code: float, seed: int) -> dict[str, int]:
+    @staticmethod
+    def coder(proto, params: dict, num_classes: int):
+        """y -> the protocol's class code (``proto.class_code`` with the run's ``label_code``; Kerckhoffs)."""
+        scale = params.get("label_code", proto.Params.label_code)
+        return lambda y: proto.class_code(y, num_classes, scale)
+
+    def infer(self, model, g0: nn.Module, gks: dict, aux, sign: float, code, seed: int) -> dict[str, int]:
         """client -> predicted domain index from its uploaded generator ``gks[client]`` (module docstring, 1)."""
         k = aux.num_classes
         doms = [d for d in aux.domains if d in aux.domain_samples]
@@ -152,7 +161,8 @@ class GeneratorLeakage(Attack):
 
     def domain_inference(self, view, aux, victims) -> dict[str, list[tuple[int, int]]]:
         """victim -> [(round, predicted domain index)] over the rounds with >= 2 uploads."""
-        k, code, s = aux.num_classes, view.params.get("label_code", 0.7), self.sign(view)
+        proto, k, s = view.protocol, aux.num_classes, self.sign(view)
+        code = self.coder(proto, view.params, k)
         weights = _by_round(view.messages(kind="weights", sender="server"))
         sent = _by_round(view.messages(kind="generator", sender="server"))
         ups = {c: _by_round(view.messages(kind="generator", sender=c)) for c in view.clients}
@@ -161,16 +171,17 @@ class GeneratorLeakage(Attack):
             cs = [c for c in view.clients if t in ups[c]]
             if t not in weights or len(cs) < 2 or len([d for d in aux.domains if d in aux.domain_samples]) < 2:
                 continue
-            gks = {c: Generator.from_arrays(ups[c][t].payload.arrays, k) for c in cs}
-            pred = self.infer(view.model(weights[t].payload.arrays), Generator.from_arrays(sent[t].payload.arrays, k),
-                              gks, aux, s, code, self.p.seed + t)
+            gks = {c: proto.Generator.from_arrays(ups[c][t].payload.arrays, k) for c in cs}
+            g0 = proto.Generator.from_arrays(sent[t].payload.arrays, k)
+            pred = self.infer(view.model(weights[t].payload.arrays), g0, gks, aux, s, code, self.p.seed + t)
             for v in victims:
                 if v in pred:
                     out[v].append((t, pred[v]))
         return out
 
     def decode(self, view, aux, victims) -> list:
-        k, code = aux.num_classes, view.params.get("label_code", 0.7)
+        proto, k = view.protocol, aux.num_classes
+        code = self.coder(proto, view.params, k)
         weights = _by_round(view.messages(kind="weights", sender="server"))
         if not weights:
             return [Skipped(v, "generator", -1, "no global weights observed") for v in victims]
@@ -186,7 +197,7 @@ class GeneratorLeakage(Attack):
             if not ups:
                 continue
             t = max(ups)
-            g = Generator.from_arrays(ups[t].payload.arrays, k).to(self.device)
+            g = proto.Generator.from_arrays(ups[t].payload.arrays, k).to(self.device)
             with torch.no_grad():
                 img = dec(sample(g, self.p.per_class, k, code, gen)[0])
             outs.append(Reconstruction(v, "generator", t, img.cpu(), truth="train", variant="decoded_generator"))
@@ -207,17 +218,19 @@ class GeneratorLeakage(Attack):
         sent = _by_round(view.messages(kind="weights", sender="server"))
         model, k = view.model(sent[max(sent)].payload.arrays), aux.num_classes
         gsent = _by_round(view.messages(kind="generator", sender="server"))
-        g0 = Generator.from_arrays(gsent[max(sent)].payload.arrays, k)
+        proto = view.protocol
+        code = self.coder(proto, view.params, k)
+        g0 = proto.Generator.from_arrays(gsent[max(sent)].payload.arrays, k)
         true = [aux.domains.index(c) for c in clients]
         gen = torch.Generator().manual_seed(self.p.seed)
         # positive: generators that did learn their client's class-conditional features
-        fitted = {c: fit_generator(g0, features(model, tr.x), tr.y, 300, gen) for c, (tr, _) in clients.items()}
-        pos = self.infer(model, g0, fitted, aux, 1.0, 0.7, self.p.seed)
+        fitted = {c: fit_generator(g0, features(model, tr.x), tr.y, code, 300, gen) for c, (tr, _) in clients.items()}
+        pos = self.infer(model, g0, fitted, aux, 1.0, code, self.p.seed)
         # negative: uploads that moved at random (same size of move as the fitted ones), 10 draws
         neg_pred, neg_true = [], []
         for i in range(10):
             noisy = {c: _perturbed(g0, g, gen) for c, g in fitted.items()}
-            pred = self.infer(model, g0, noisy, aux, 1.0, 0.7, self.p.seed + i)
+            pred = self.infer(model, g0, noisy, aux, 1.0, code, self.p.seed + i)
             neg_pred += [pred[c] for c in clients]
             neg_true += true
         # decoder: trained on half of one client's images through F, judged on the other half
@@ -238,21 +251,20 @@ class GeneratorLeakage(Attack):
                         positive=False)]
 
 
-def fit_generator(g0: Generator, h: torch.Tensor, y: torch.Tensor, steps: int, gen: torch.Generator) -> Generator:
+def fit_generator(g0: nn.Module, h: torch.Tensor, y: torch.Tensor, code, steps: int, gen: torch.Generator) -> nn.Module:
     """A copy of g0 regressed onto features h of classes y: a generator that learned those class-conditional means."""
     g = copy.deepcopy(g0).to(h.device)
     opt = torch.optim.Adam(g.parameters(), lr=1e-3)
-    k = g.net[0].in_features - g.noise_dim
     for _ in range(steps):
         i = torch.randint(len(h), (64,), generator=gen).to(h.device)
         z = torch.rand(len(i), g.noise_dim, generator=gen).to(h.device)
         opt.zero_grad(set_to_none=True)
-        F.mse_loss(g(z, class_code(y[i].to(h.device), k, 0.7)), h[i]).backward()
+        F.mse_loss(g(z, code(y[i].to(h.device))), h[i]).backward()
         opt.step()
     return g
 
 
-def _perturbed(g0: Generator, like: Generator, gen: torch.Generator) -> Generator:
+def _perturbed(g0: nn.Module, like: nn.Module, gen: torch.Generator) -> nn.Module:
     """g0 moved in a random parameter direction by as much as ``like`` moved from it."""
     g = copy.deepcopy(g0)
     with torch.no_grad():
@@ -269,12 +281,11 @@ def control_world(device: str = "cpu"):
     domain samples per client domain (from its validation split). Returns (view, aux, clients' (train, val))."""
     from fdg_audit.data import DataConfig, load_data
     from fdg_audit.models import ModelConfig
-    from methods.fedadg import Params as FedADGParams
     data = load_data(DataConfig(family="appearance", domains=["grey", "inverted", "texture", "colour"]))
     *sources, pub = data.domains
     clients = {d.name: (d.train, d.val) for d in sources}
     samples = {d.name: Split(d.val.x[:40], d.val.y[:40], d.val.idx[:40]) for d in sources}
-    params = FedADGParams(rounds=3, local_epochs=1, batch_size=32, lr=0.05, loss_weights="official",
+    params = load_method("fedadg").Params(rounds=3, local_epochs=1, batch_size=32, lr=0.05, loss_weights="official",
                           gen_loss="official")
     view = federate("fedadg", params, ModelConfig(), clients, data.num_classes, seed=0, device=device,
                     run_id="control")

@@ -445,7 +445,7 @@ def control_world(device: str = "cpu"):
     random member/non-member labelling (half each) of the non-members, for the negative control."""
     from fdg_audit.data import DataConfig, load_data
     from fdg_audit.models import ModelConfig
-    from methods.fedavg import Params as FedAvgParams
+    from fdg_audit.plugins import load_method
     data = load_data(DataConfig(domains=["rot0", "rot30", "rot60"]))
     k, rng = data.num_classes, np.random.default_rng(0)
     *sources, pub = data.domains
@@ -462,7 +462,7 @@ def control_world(device: str = "cpu"):
         fake[d.name] = np.zeros(120)
         fake[d.name][p >= 30] = rng.permutation(np.r_[np.ones(45), np.zeros(45)])
         samples[d.name] = _relabel(_sub(s, rest[90:130]), 0)
-    params = FedAvgParams(rounds=6, local_epochs=8, batch_size=16, lr=0.05, weight_decay=0.0)
+    params = load_method("fedavg").Params(rounds=6, local_epochs=8, batch_size=16, lr=0.05, weight_decay=0.0)
     view = federate("fedavg", params, ModelConfig(), clients, k, seed=0, device=device, run_id="control")
     aux = Aux(public=_cat([pub.train, pub.val]), domain_samples=samples, candidates=cands, num_classes=k,
               domains=[d.name for d in sources])

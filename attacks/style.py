@@ -4,7 +4,11 @@ What CCST sends (methods/ccst.py): per client a style bank, arrays ``{"mean": (J
 public encoder phi's channel statistics (J = 1 for the overall style, J per-image styles in single mode), uploaded to
 the server (phase ``style``) and relayed to every client (phase ``bank``, arrays ``"<client>/mean"``,
 ``"<client>/std"``). A curious client (default adversary) reads the other clients' entries from the relay; the
-server reads the uploads. phi is public (rebuilt from ``view.params``: encoder kind, width, kernel, seed).
+server reads the uploads. phi is public (Kerckhoffs): the learned encoder's weights are in the run's ``encoder``
+message, a random encoder is rebuilt from ``view.params``; the encoder, the style functions and the style transfer
+come from the method's plugin class (``view.protocol``), never from its module. Every output's variant names the
+encoder that produced the bank (``exact@learned-encoder``; a random encoder's ``...-lower-bound``: its statistics
+hold far less than a VGG's, so its numbers bound the leak from below).
 
 * ``StyleFingerprint`` ("style_fingerprint"): recompute the candidate images' per-image styles with phi and score
   each by minus its distance to the nearest bank entry, on a gain-invariant signature (log std minus its channel
@@ -27,7 +31,10 @@ server reads the uploads. phi is public (rebuilt from ``view.params``: encoder k
   statistics must match it, matched to the victim's training images (Hungarian). Baseline: the public mean image.
   Variant "flat" optimises one colour per image instead of pixels: the part of the PSNR that the style's colour
   and level statistics alone give. Pixel inversion beating "flat" is what would show layout being recovered.
-  Positive control: layout-free images (flat colours), which their statistics determine, come back >= 25 dB.
+  Variant "stylised": the public mean image restyled with the victim's style by the protocol's own style transfer
+  (what any CCST client can do; with the learned encoder, its public decoder).
+  Positive control: layout-free images (flat colours), which their statistics determine, come back >= 25 dB
+  through the random linear encoder (the learned encoder does not determine a flat colour; see ``control``).
 
 CCST's own test (a GAN generator trained from style to image) is not reproduced: no public same-modality image
 set of useful size exists here.
@@ -42,8 +49,7 @@ import torch.nn.functional as F
 
 from fdg_audit import metrics as M
 from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores
-from methods.ccst import Params as CCSTParams
-from methods.ccst import build_encoder, image_styles
+from fdg_audit.plugins import load_method
 
 KIND = "style_bank"
 
@@ -117,7 +123,23 @@ def fit_classifier(z: np.ndarray, y: np.ndarray):
 
 
 def _encoder(view, device):
-    return build_encoder(view.params, view.shape[0], device)
+    """The run's public encoder phi (the weights the server sent, where it sent them; else rebuilt from the public
+    parameters) and its protocol, through ``view.protocol`` (Kerckhoffs), with a label naming the encoder."""
+    proto = view.protocol
+    sent = view.messages(kind="encoder")
+    enc = proto.build_encoder(view.params, view.shape[0], device, sent[0].payload.arrays if sent else None)
+    return enc, proto, proto.encoder_label(view.params)
+
+
+def _reference():
+    """CCST's protocol with its default (learned) encoder, for the controls (no run involved)."""
+    proto = load_method("ccst")
+    return proto, proto.Params()
+
+
+def _variant(v: str, label: str) -> str:
+    """An output variant that names the encoder, e.g. "exact@learned-encoder" (random encoders: "...-lower-bound")."""
+    return f"{v}@{label}"
 
 
 # ------------------------------------------------------------------------------------------ fingerprint
@@ -135,9 +157,10 @@ def signature(std: torch.Tensor) -> torch.Tensor:
     return ls - ls.mean(1, keepdim=True)
 
 
-def fingerprint_scores(enc, bank_mean, bank_std, x: torch.Tensor) -> np.ndarray:
-    """Minus the standardised distance of each candidate's signature to its nearest bank entry (higher = member)."""
-    _, cs = image_styles(enc, x)
+def fingerprint_scores(styles, enc, bank_mean, bank_std, x: torch.Tensor) -> np.ndarray:
+    """Minus the standardised distance of each candidate's signature to its nearest bank entry (higher = member);
+    ``styles`` is the protocol's per-image style function."""
+    _, cs = styles(enc, x)
     zc, zb = signature(cs), signature(bank_std.to(cs))
     mu, sd = zc.mean(0), zc.std(0).clamp_min(1e-6)
     d = torch.cdist((zc - mu) / sd, (zb - mu) / sd)
@@ -153,26 +176,28 @@ class StyleFingerprint(Attack):
     Params = FingerprintParams
 
     def run(self, view, aux):
-        enc = _encoder(view, self.device)
+        enc, proto, label = _encoder(view, self.device)
         gen = torch.Generator().manual_seed(self.p.seed)
         outs = []
         for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
             cand = aux.candidates[victim].x.to(self.device)
             for v in self.p.variants:
                 x = cand if v == "exact" else perturb(cand, gen)
-                outs.append(Scores(victim, KIND, rnd, fingerprint_scores(enc, mean, std, x), variant=v))
+                outs.append(Scores(victim, KIND, rnd, fingerprint_scores(proto.image_styles, enc, mean, std, x),
+                                   variant=_variant(v, label)))
         return outs
 
     def control(self):
         gen = torch.Generator().manual_seed(self.p.seed)
-        enc = build_encoder(CCSTParams(), 3, self.device)
+        proto, params = _reference()
+        enc, styles = proto.build_encoder(params, 3, self.device), proto.image_styles
         x = _toy_images(64, gen).to(self.device)
         other = _toy_images(32, gen).to(self.device)
         lab = np.r_[np.ones(32), np.zeros(32)]
-        m, s = image_styles(enc, x[:32])
-        pos = M.auc(fingerprint_scores(enc, m, s, x), lab)
-        m2, s2 = image_styles(enc, other)
-        neg = M.auc(fingerprint_scores(enc, m2, s2, x), lab)
+        m, s = styles(enc, x[:32])
+        pos = M.auc(fingerprint_scores(styles, enc, m, s, x), lab)
+        m2, s2 = styles(enc, other)
+        neg = M.auc(fingerprint_scores(styles, enc, m2, s2, x), lab)
         return [Control("exact copies in the bank: AUC", "auc", pos, 0.999),
                 Control("bank of other images: AUC", "auc", neg, 0.75, positive=False)]
 
@@ -205,7 +230,7 @@ class StyleAttribute(Attack):
     Params = AttributeParams
 
     def run(self, view, aux):
-        enc = _encoder(view, self.device)
+        enc, proto, label = _encoder(view, self.device)
         rng = np.random.default_rng(self.p.seed)
         doms = aux.domains
         per_image = view.params.get("style") == "single"
@@ -214,14 +239,13 @@ class StyleAttribute(Attack):
             s = aux.domain_samples[d]
             x = s.x.to(self.device)
             if per_image:
-                z.append(style_vector(*image_styles(enc, x)))
+                z.append(style_vector(*proto.image_styles(enc, x)))
                 yd.append(np.full(len(s), i))
                 yc.append(s.y.numpy())
             else:
-                from methods.ccst import overall_style
                 for _ in range(self.p.shadow_sets):
                     sub = torch.as_tensor(rng.choice(len(s), max(1, len(s) // 2), replace=False), device=self.device)
-                    z.append(style_vector(*overall_style(enc, x[sub])))
+                    z.append(style_vector(*proto.overall_style(enc, x[sub])))
                     yd.append(np.full(1, i))
         z = torch.cat(z).cpu().double().numpy()
         dom_clf = fit_classifier(z, np.concatenate(yd))
@@ -230,9 +254,10 @@ class StyleAttribute(Attack):
         for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
             q = style_vector(mean, std).double().numpy()
             truth, rows = ("style", np.arange(len(q))) if per_image else ("train", np.zeros(1, dtype=int))
-            outs.append(Predictions(victim, KIND, rnd, "domain", dom_clf(q), len(doms), truth, rows))
+            outs.append(Predictions(victim, KIND, rnd, "domain", dom_clf(q), len(doms), truth, rows, variant=label))
             if cls_clf is not None:
-                outs.append(Predictions(victim, KIND, rnd, "class", cls_clf(q), aux.num_classes, truth, rows))
+                outs.append(Predictions(victim, KIND, rnd, "class", cls_clf(q), aux.num_classes, truth, rows,
+                                        variant=label))
         return outs
 
     def control(self):
@@ -255,7 +280,8 @@ class InversionParams(AttackParams):
     tv: float = 0.05
     max_images: int = 32         # per-image styles inverted per victim (the first rows); 0 = all
     overall_batch: int = 16      # images synthesised for one overall style
-    variants: tuple = ("pixels", "flat")   # flat: one colour per image (what the statistics give without layout)
+    variants: tuple = ("pixels", "flat", "stylised")   # flat: one colour per image (what the statistics give
+    #                                                    without layout); stylised: the protocol's own style transfer
     seed: int = 0
 
 
@@ -293,7 +319,7 @@ class StyleInversion(Attack):
                                init, self.p.steps, self.p.lr)
 
     def run(self, view, aux):
-        enc = _encoder(view, self.device)
+        enc, proto, label = _encoder(view, self.device)
         gen = torch.Generator().manual_seed(self.p.seed)
         base = aux.public.x.mean(0, keepdim=True).to(self.device)
         single = view.params.get("style") == "single"
@@ -308,16 +334,23 @@ class StyleInversion(Attack):
             n = len(rows) if single else self.p.overall_batch
             init = (base + 0.05 * torch.randn(n, *base.shape[1:], generator=gen).to(self.device)).clamp(0, 1)
             for v in self.p.variants:
-                rec = self.invert(enc, mean, std, init, pooled=not single, flat=v == "flat")
-                outs.append(Reconstruction(victim, KIND, rnd, rec, truth=truth, rows=rows, variant=v,
+                if v == "stylised":      # what a CCST client does with the style: the public mean image restyled
+                    rec = proto.stylize(enc, init, mean.expand(n, -1), std.expand(n, -1))
+                else:
+                    rec = self.invert(enc, mean, std, init, pooled=not single, flat=v == "flat")
+                outs.append(Reconstruction(victim, KIND, rnd, rec, truth=truth, rows=rows, variant=_variant(v, label),
                                            baseline=base.expand(n, -1, -1, -1)))
         return outs
 
     def control(self):
+        # the optimiser's check needs images that their statistics determine: flat colours through the random linear
+        # encoder (an injective map of the mean colour); the learned encoder's few chroma channels do not pin down
+        # a flat colour (measured: median 16 dB), so it cannot serve as this control
         gen = torch.Generator().manual_seed(self.p.seed)
-        enc = build_encoder(CCSTParams(), 3, self.device)
+        proto, params = _reference()
+        enc = proto.build_encoder(proto.Params(encoder="linear"), 3, self.device)
         x = torch.rand(8, 3, 1, 1, generator=gen).expand(8, 3, 16, 16).contiguous().to(self.device)
-        m, s = image_styles(enc, x)
+        m, s = proto.image_styles(enc, x)
         init = torch.full_like(x, 0.5) + 0.05 * torch.randn(x.shape, generator=gen).to(self.device)
         rec = self.invert(enc, m, s, init.clamp(0, 1))
         ps = M.psnr(rec.cpu(), x.cpu())

@@ -1,6 +1,7 @@
 """FedGA: FedAvg with generalization adjustment (Zhang et al., CVPR 2023), methods.md §8.
 
-Protocol (every round t; the server starts from a_k = 1/K, uniform, so no n_k is sent):
+Protocol (every round t; the server starts from a_k = 1/K, uniform, so no n_k is sent; the code's 1/3 each, which
+sums to 1 only for K = 3):
 0. Round 0 (``sync``): the server broadcasts the initial global state (kind ``weights``).
 1. ``train`` (a control signal, nothing on the wire): each client trains from the global state it holds (the one
    it received in the previous ``after``/``sync`` phase) and uploads its full state (kind ``weights``).
@@ -21,9 +22,15 @@ Per round and client: one model down, one model and two scalar ``metric`` envelo
     max_l |G_l - mu|; the two differ only when the most negative deviation is the largest in size.
 ``variant = "official"`` (``utils/weight_adjust.py``, ``train_pacs_GA.py``, fair = 'acc'):
     metric = accuracy on the client's VALIDATION split, sign = -1 (a fall in accuracy raises the weight),
-    no mean-centring: a_k += sign * gap_k / max_l |gap_l| * d_t / K  (the code hard-codes 1/3 for K = 3),
-    d_t = d - (i - 1) * d / T with the code's 0-based round index i = t - 1 (so d_1 = d + d/T),
-    then every a_k is clipped to [0, 1] and a /= sum(a).
+    no mean-centring: a_k += sign * gap_k / max_l |gap_l| * d_t / 3, then every a_k is clipped to [0, 1] and
+    a /= sum(a). The 1/3 is the code's literal constant (``step_size = 1./3. * step_size``), written for its three
+    PACS sources; the rule is defined for any K and this variant applies it as released, so with K != 3 sources
+    the step is still d_t / 3 (not d_t / K: with K = 4, 5 the weights then move 4/3, 5/3 times as far as 1/K
+    would; the paper variant has no such factor).
+    Rounds: the code's loop is ``for i in range(comm + 1)`` with d_i = d - (i - 1) * d / comm, and every pass
+    ends with a weight update, so a run with ``--comm T`` trains T + 1 rounds and updates the weights T + 1 times
+    (steps d + d/T, d, ..., d/T). Here ``rounds`` counts training rounds, so ``rounds = T + 1`` reproduces
+    ``--comm T``: round t = 1..rounds uses i = t - 1 and T = rounds - 1 (rounds >= 2).
 Both: step_size d = 0.2 (the code's default; the paper's value is unverified); a zero denominator (paper: all
 gaps equal; code: all gaps 0, where the code would divide by zero) leaves the weights unchanged. Note that the
 code, having no centring, still moves the weights when all gaps are equal and non-zero.
@@ -56,14 +63,17 @@ class Params(FedAvgParams):
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise UserError(f"fedga variant = {self.variant!r}: use one of {', '.join(VARIANTS)}")
+        if self.variant == "official" and self.rounds < 2:
+            raise UserError(f"fedga variant = \"official\" needs rounds >= 2 (the code's comm = rounds - 1), "
+                            f"got rounds = {self.rounds}")
         if not 0 <= self.step_size <= 1:
             raise UserError(f"fedga step_size = {self.step_size!r}: use a value in [0, 1], e.g. 0.2")
 
 
 def step_size(p: Params, t: int) -> float:
     """d_t for round t = 1..T."""
-    if p.variant == "official":
-        return p.step_size - (t - 2) * p.step_size / p.rounds
+    if p.variant == "official":                  # the code's d - (i - 1) d / comm, i = t - 1, comm = rounds - 1
+        return p.step_size - (t - 2) * p.step_size / (p.rounds - 1)
     return (1 - t / p.rounds) * p.step_size
 
 
@@ -73,7 +83,7 @@ def ga_update(a: np.ndarray, gap: np.ndarray, d: float, variant: str = "paper") 
     if variant == "official":
         scale = np.abs(gap).max()
         if scale > 0:
-            a += -1.0 * gap / scale * d / len(a)
+            a += -1.0 * gap / scale * d / 3.0          # the code's literal 1/3, whatever K (module docstring)
         a = np.clip(a, 0.0, 1.0)
     else:
         dev = gap - gap.mean()

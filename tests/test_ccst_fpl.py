@@ -11,7 +11,8 @@ from fdg_audit.errors import UserError
 from fdg_audit.federation import seed_sequence
 from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig
-from methods.ccst import CCST, build_encoder, decode, image_styles, overall_style, stylize
+from methods import ccst
+from methods.ccst import CCST, build_encoder, decode, image_styles, learned_encoder, overall_style, stylize
 from methods.ccst import Params as CCSTParams
 from methods.fpl import cluster_prototypes, finch, prototype_loss
 
@@ -36,7 +37,7 @@ lr = 0.05
 def test_linear_encoder_decodes_exactly_and_stylize_moves_the_statistics():
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(6, 3, 28, 28, generator=gen)
-    enc = build_encoder(CCSTParams(), 3)
+    enc = build_encoder(CCSTParams(encoder="linear"), 3)
     assert torch.allclose(decode(enc, enc(x), x), x, atol=1e-4)          # least squares inverts phi exactly
     m, s = image_styles(enc, x)
     assert torch.allclose(stylize(enc, x, m, s), x, atol=1e-4)            # own style: AdaIN is the identity
@@ -61,6 +62,8 @@ def test_overall_style_is_the_pooled_population_statistic_and_encoders_are_publi
     assert torch.equal(again(x), enc(x))
     relu = build_encoder(CCSTParams(encoder="relu", encoder_width=8), 3)
     assert relu(x).shape[1] == 8
+    ccst._train_learned.cache_clear()                                      # retrained from the public seed: the same
+    assert torch.equal(build_encoder(p, 3)(x), enc(x)) and enc(x).shape == (5, 64, 6, 6)
     with pytest.raises(UserError, match="encoder"):
         CCSTParams(encoder="vgg")
     with pytest.raises(UserError):
@@ -73,6 +76,23 @@ def _rows(ids, idx):
     return order[np.searchsorted(ids, idx, sorter=order)]
 
 
+def test_learned_encoder_is_a_trained_feature_extractor_with_a_decoder():
+    p = CCSTParams()
+    assert p.encoder == "learned"
+    data = load_data(DataConfig(family="appearance", per_domain=40))
+    x = data.domain("colour").train.x[:32]
+    learned, rand = build_encoder(p, 3), build_encoder(CCSTParams(encoder="relu"), 3)
+    assert torch.allclose(ccst.public_photos(3, 16, 4, torch.Generator().manual_seed(0)),
+                          ccst.public_photos(3, 16, 4, torch.Generator().manual_seed(0)))   # public data, seeded
+    init = ccst.LearnedEncoder(3, 64)                                      # the same architecture, untrained
+    with torch.no_grad():
+        err, err0 = (F.mse_loss(m.decode(m(x), x.shape[-2:]), x) for m in (learned, init))
+    assert err < 0.25 * x.var() and err < 0.25 * err0                      # its decoder inverts phi on unseen digits
+    assert rand(x).shape[1] == learned(x).shape[1] == 64
+    assert ccst.encoder_label(p) == "learned-encoder"
+    assert ccst.encoder_label(dict(encoder="linear")) == "random-linear-encoder-lower-bound"
+
+
 def _client(K: int, style: str = "overall", bank_size: int = 0):
     data = load_data(DataConfig(family="appearance", per_domain=40))
     dom = data.domain("colour")
@@ -80,7 +100,11 @@ def _client(K: int, style: str = "overall", bank_size: int = 0):
     ctx = dict(id="colour", params=CCSTParams(K=K, style=style, bank_size=bank_size), device="cpu",
                model_cfg=ModelConfig(), shape=(3, 28, 28, 10), seedseq=seed_sequence(0, "r"), party=1, domain=dom,
                truth_sink=lambda cid, name, arrs: truth.__setitem__(name, arrs))
-    return CCST.Client(ctx), data, truth
+    client = CCST.Client(ctx)
+    assert client.encoder is None                                          # the learned encoder comes from the server
+    p = client.params
+    client.on_encoder(Payload(learned_encoder(3, p.encoder_width, p.encoder_seed, p.encoder_steps)))
+    return client, data, truth
 
 
 def test_ccst_augmentation_draws_K_domains_per_image_own_kept_others_stylised():
@@ -135,6 +159,11 @@ bank_size = 3
         assert torch.equal(bank[f"{c}/mean"], p["mean"]) and torch.equal(bank[f"{c}/std"], p["std"])
     assert all(e.round == 0 for e in envs if e.kind == "style_bank")
     assert not any(e.kind == "n_samples" for e in envs)
+    enc = [e for e in envs if e.kind == "encoder"]                         # the learned encoder: once, down, same bytes
+    assert sorted(e.receiver for e in enc) == sorted(ups) and {e.sender for e in enc} == {"server"}
+    assert len({e.sha256 for e in enc}) == 1 and all(e.round == 0 for e in enc)
+    assert sorted(led.payload(enc[0]).arrays) == sorted(learned_encoder(3, 64, 2023, 300))
+    assert [e.phase for e in envs if e.round == 0][:3] == ["encoder"] * 3     # before any style is computed
 
 
 def test_finch_first_neighbour_degeneracy_and_real_clusters():

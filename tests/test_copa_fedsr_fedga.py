@@ -175,14 +175,15 @@ def test_fedsr_sends_only_the_model_never_r(run_toml):
             assert len(led.select(run=run, round=t, receiver="server")) == 3
 
 
-def test_fedsr_client_keeps_r_local_and_takes_five_steps():
-    client = _party(fedsr.Params(batch_size=8), fedsr.FedSRClient)
+@pytest.mark.parametrize("steps", [0, 5])
+def test_fedsr_client_keeps_r_local_and_trains_one_epoch_by_default(steps):
+    client = _party(fedsr.Params(batch_size=4, local_steps=steps), fedsr.FedSRClient)
     calls = []
     loss = client.loss
     client.loss = lambda *a: calls.append(1) or loss(*a)
     server_state = fedsr.build(client).state_dict()
     reply = client.on_train(Payload(server_state))
-    assert len(calls) == 5
+    assert len(calls) == (steps or -(-len(client.train.y) // 4)) and len(client.train.y) > 5 * 4
     assert sorted(reply.arrays) == sorted(server_state)                               # the model, nothing else
     assert client.r_mu.shape == (10, client.model.z_dim) == (10, 64)
     assert client.r_mu.abs().sum() > 0 and not torch.equal(client.r_sigma, torch.ones_like(client.r_sigma))
@@ -221,7 +222,7 @@ def test_ga_update_on_hand_made_gaps():
     # paper: mu = -0.1, deviations (0.4, 0.1, -0.5), max deviation 0.4
     got = fedga.ga_update(a, [0.3, 0.0, -0.6], 0.1, "paper")
     assert np.allclose(got, [1 / 3 + 0.1, 1 / 3 + 0.025, 1 / 3 - 0.125])
-    # official: no centring, / max|gap| = 0.2, sign -1, step d/K
+    # official: no centring, / max|gap| = 0.2, sign -1, step d/3
     got = fedga.ga_update(a, [0.1, -0.2, 0.05], 0.3, "official")
     raw = np.array([1 / 3 - 0.05, 1 / 3 + 0.1, 1 / 3 - 0.025])
     assert np.allclose(got, raw / raw.sum())
@@ -237,7 +238,14 @@ def test_ga_update_on_hand_made_gaps():
     assert np.allclose(fedga.ga_update(a, [0.4, 0.4, 0.4], 0.2, "official"), raw / raw.sum())
     assert fedga.step_size(fedga.Params(rounds=10), 10) == 0
     assert np.isclose(fedga.step_size(fedga.Params(rounds=10), 1), 0.18)
-    assert np.isclose(fedga.step_size(fedga.Params(rounds=10, variant="official"), 1), 0.22)
+    # official: the code's comm = T runs T + 1 rounds (rounds = T + 1), steps d + d/T, d, ..., d/T
+    off = fedga.Params(rounds=11, variant="official")
+    assert np.allclose([fedga.step_size(off, t) for t in (1, 2, 11)], [0.22, 0.2, 0.02])
+    # the code's step is d/3 whatever K: K = 4, gaps (0.1, -0.2, 0.05, 0), d = 0.3 -> a_k - 0.1 * gap_k / 0.2
+    raw = 0.25 - np.array([0.05, -0.1, 0.025, 0.0])
+    assert np.allclose(fedga.ga_update(np.full(4, 0.25), [0.1, -0.2, 0.05, 0.0], 0.3, "official"), raw / raw.sum())
+    with pytest.raises(UserError):
+        fedga.Params(rounds=1, variant="official")
     with pytest.raises(UserError):
         fedga.Params(variant="blog")
 

@@ -44,14 +44,16 @@ def test_server_averages_model_and_generator_uniformly():
     for kind in ("weights", "generator"):
         ups = [m.payload.arrays for m in view.messages(kind=kind, round=1) if m.sender != "server"]
         nxt = [m.payload.arrays for m in view.messages(kind=kind, round=2, sender="server")][0]
+        assert len(ups) == 2 and sorted(nxt) == sorted(ups[0]) and len(nxt) >= 4                # G: 4, F∘C: more
         for k, v in nxt.items():
             assert torch.allclose(v, (ups[0][k] + ups[1][k]) / 2, atol=1e-6), (kind, k)
 
 
-def test_loss_options_change_what_is_sent():
+def test_defaults_are_the_code_loss_options_and_the_paper_options_change_what_is_sent():
+    assert (Params().loss_weights, Params().gen_loss) == ("official", "official")         # the paper's do not train
     sha = lambda v: {m.sha256 for m in v.messages(round=1) if m.sender != "server"}  # noqa: E731
-    paper, official_g, official_w = _run(rounds=1), _run(rounds=1, gen_loss="official"), \
-        _run(rounds=1, loss_weights="official")
+    paper = _run(rounds=1, loss_weights="paper", gen_loss="paper")
+    official_g, official_w = _run(rounds=1, loss_weights="paper"), _run(rounds=1, gen_loss="paper")
     assert sha(paper) != sha(official_g) and sha(paper) != sha(official_w)
     gen = lambda v: {m.sha256 for m in v.messages(kind="generator", round=1) if m.sender != "server"}  # noqa: E731
     w = lambda v: {m.sha256 for m in v.messages(kind="weights", round=1) if m.sender != "server"}  # noqa: E731
@@ -78,8 +80,8 @@ def test_generator_from_arrays_rebuilds_sizes():
 
 def test_generator_leakage_controls_and_harness(run_toml):
     from attacks.generator import GeneratorLeakage
-    for c in GeneratorLeakage(GeneratorLeakage.Params(decoder_steps=300)).control():
-        assert c.passed, c
+    cs = GeneratorLeakage(GeneratorLeakage.Params(decoder_steps=300)).control()
+    assert [c.positive for c in cs] == [True, True, False] and all(c.passed for c in cs), cs
     root = run_toml("""
         name = "adg"
         report = false
@@ -92,8 +94,6 @@ def test_generator_leakage_controls_and_harness(run_toml):
         lr = 0.05
         [[methods]]
         name = "fedadg"
-        loss_weights = "official"
-        gen_loss = "official"
         [[attacks]]
         name = "generator_leakage"
         decoder_steps = 300

@@ -30,9 +30,14 @@ from conftest import leakage_rows as rows  # noqa: E402
 
 
 def test_controls_pass():
-    for atk in (StyleFingerprint(), StyleAttribute(), StyleInversion(StyleInversion.Params(steps=100)),
-                PrototypeInversion(PrototypeInversion.Params(steps=300)), ClassPresence()):
-        for c in atk.control():
+    # (attack, its positive controls, its negative controls): an attack that returns no controls fails here
+    for atk, n_pos, n_neg in ((StyleFingerprint(), 1, 1), (StyleAttribute(), 1, 1),
+                              (StyleInversion(StyleInversion.Params(steps=100)), 1, 0),
+                              (PrototypeInversion(PrototypeInversion.Params(steps=300)), 1, 0), (ClassPresence(), 1, 0)):
+        cs = atk.control()
+        assert [c.positive for c in cs].count(True) >= n_pos and [c.positive for c in cs].count(False) >= n_neg, \
+            (atk.name, cs)
+        for c in cs:
             assert c.passed, (atk.name, c)
 
 
@@ -63,12 +68,14 @@ max_images = 4
     fp = [x for x in r if x["attack"] == "style_fingerprint" and x["metric"] == "auc" and x["victim"] != "pooled"]
     assert {x["victim"] for x in fp} == {"inverted", "texture"}               # the curious client is "colour"
     assert all(x["adversary"] == "colour" for x in fp)
-    assert all(float(x["value"]) == 1.0 for x in fp if x["output"] == "exact")  # every training image is in the bank
+    exact = [x for x in fp if x["output"] == "exact@learned-encoder"]          # the variant names the encoder
+    assert len(exact) == 2 and all(float(x["value"]) == 1.0 for x in exact)    # every training image is in the bank
     dom = [float(x["value"]) for x in r if x["metric"] == "domain_balanced_acc"]
     assert len(dom) == 2 and np.mean(dom) > 0.5                              # chance = 1/3
     assert any(x["metric"] == "class_balanced_acc" for x in r)
     inv = [x for x in r if x["attack"] == "style_inversion" and x["metric"] == "psnr"]
-    assert {x["output"] for x in inv} == {"pixels", "flat"} and all(np.isfinite(float(x["value"])) for x in inv)
+    assert {x["output"] for x in inv} == {f"{v}@learned-encoder" for v in ("pixels", "flat", "stylised")}
+    assert all(np.isfinite(float(x["value"])) for x in inv)
     assert all(x["status"] == "ok" for x in r)
     ctl = json.loads((root / "controls.json").read_text())
     assert all(c["passed"] for c in ctl)
