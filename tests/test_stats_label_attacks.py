@@ -33,8 +33,8 @@ from conftest import leakage_rows as rows  # noqa: E402
 
 def test_controls_pass():
     # each attack's controls by name: an attack whose control() returns [] (or drops one) fails here
-    want = {"label_distribution": ["FedSGD one step", "FedAvg 4 steps"], "norm_stats_domain": ["three synthetic domains"],
-            "dataset_size": ["BN step count"]}
+    want = {"label_distribution": ["FedSGD one step", "FedAvg 4 steps"],
+            "norm_stats_domain": ["three synthetic domains"], "dataset_size": ["BN step count"]}
     for atk in (LabelDistribution(), NormStatsDomain(), DatasetSize()):
         cs = atk.control()
         assert len(cs) == len(want[atk.name]) and all(c.name.startswith(w) for c, w in zip(cs, want[atk.name])), cs

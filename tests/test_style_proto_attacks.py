@@ -33,7 +33,8 @@ def test_controls_pass():
     # (attack, its positive controls, its negative controls): an attack that returns no controls fails here
     for atk, n_pos, n_neg in ((StyleFingerprint(), 1, 1), (StyleAttribute(), 1, 1),
                               (StyleInversion(StyleInversion.Params(steps=100)), 1, 0),
-                              (PrototypeInversion(PrototypeInversion.Params(steps=300)), 1, 0), (ClassPresence(), 1, 0)):
+                              (PrototypeInversion(PrototypeInversion.Params(steps=300)), 1, 0),
+                              (ClassPresence(), 1, 0)):
         cs = atk.control()
         assert [c.positive for c in cs].count(True) >= n_pos and [c.positive for c in cs].count(False) >= n_neg, \
             (atk.name, cs)
