@@ -211,7 +211,10 @@ def _client_reply(client: Client, bus: Bus, rnd: int, phase: str, data: bytes | 
     from .bus import decode
     client.round = bus.round = rnd
     client.reseed()
-    r = client.handle(phase, decode(data) if data is not None else None)
+    msg = decode(data) if data is not None else None
+    if msg is not None and bus.filters:   # client-level DP measures updates from what the client last received
+        bus.received.setdefault(client.id, {}).update(msg.arrays)
+    r = client.handle(phase, msg)
     if r is None:
         return None
     enc, events = bus.encode_from(client.id, r.kind, r.arrays, r.scalars)

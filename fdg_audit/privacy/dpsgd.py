@@ -16,6 +16,12 @@ What DP-SGD can cover: a loss that is a mean of per-example terms of one forward
 is; a method's own ``loss_fn`` must be marked with ``fdg_audit.privacy.per_sample`` (otherwise: UserError naming
 the method), and training on a derived split (e.g. CCST's augmented set with several rows per image) is refused,
 since the accounting unit would no longer be one training example. BatchNorm is refused (use GroupNorm).
+A loss whose per-example gradients Opacus' hooks cannot see (FedDG's episodic step through ``functional_call``)
+carries them itself: ``loss_fn.grad_sample(model, x, y)`` returns one (B, *shape) tensor per trainable
+parameter; DP-SGD then clips, noises and accounts them through the same DPOptimizer.
+
+Methods whose objective has no faithful per-example form are refused at plan time (``refuse``, from
+``check_run``) with one line that names client-level DP as the alternative.
 """
 from __future__ import annotations
 
@@ -28,6 +34,21 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..errors import UserError
 from .accounting import epsilon
+
+
+REFUSE = {
+    "csac": "its MK-MMD alignment compares the batch's feature distribution, coupling the examples of a batch",
+    "ccst": "it trains on a derived split (several style-transferred rows per image, styles mixed across images)",
+    "fpl": "its prototype losses use class prototypes, statistics of the client's whole data and of other clients",
+}
+
+
+def refuse(method: str) -> None:
+    """Raise the one-line error for a method whose local objective is not a mean of per-example terms."""
+    if method in REFUSE:
+        raise UserError(f"privacy.dp_sgd: method {method!r} has no per-example objective ({REFUSE[method]}), so "
+                        "example-level DP-SGD is undefined: use client-level DP instead ([privacy.client] clip and "
+                        "noise_multiplier or target_epsilon)")
 
 
 def _method(client) -> str:
@@ -71,6 +92,7 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     if client.dp_state is None:
         client.dp_state = DPState(cfg.accountant, n)
     st = client.dp_state
+    per_example = getattr(loss_fn, "grad_sample", None)
     loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
     opt = opt or _optimizer(p, model)
     dev = next(model.parameters()).device
@@ -80,7 +102,8 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     try:
         hooks, dp_opt, dp_loader = st.engine.make_private(
             module=model, optimizer=opt, data_loader=loader, noise_multiplier=cfg.noise_multiplier,
-            max_grad_norm=cfg.max_grad_norm, poisson_sampling=True, noise_generator=noise_gen, wrap_model=False)
+            max_grad_norm=cfg.max_grad_norm, poisson_sampling=True, noise_generator=noise_gen, wrap_model=False,
+            grad_sample_mode="hooks" if per_example is None else "no_op")   # no_op: the loss brings its own
     except ValueError as e:  # e.g. optimizer parameters that are not the model's
         raise UserError(f"privacy.dp_sgd: method {_method(client)!r} cannot be made private by Opacus: {e}") from None
     sampler = dp_loader.batch_sampler
@@ -99,7 +122,11 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
                     if done == total:
                         break
                     dp_opt.zero_grad(set_to_none=True)
-                    if idx:
+                    if idx and per_example is not None:
+                        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
+                        for q, g in zip(trainable, per_example(model, train.x[j], train.y[j])):
+                            q.grad_sample = g
+                    elif idx:
                         j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
                         loss_fn(model, train.x[j], train.y[j]).backward()
                     else:   # an empty Poisson batch: no example, still a noised, accounted step
