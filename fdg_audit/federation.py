@@ -85,6 +85,7 @@ class Client(Party):
         self.train = Split(dom.train.x.to(ctx["device"]), dom.train.y.to(ctx["device"]), dom.train.idx)
         self.val = Split(dom.val.x.to(ctx["device"]), dom.val.y.to(ctx["device"]), dom.val.idx)
         self.truth_sink = ctx.get("truth_sink")
+        self.run_id: str = ctx.get("run_id", "")
         self.events: list[dict] = []          # accounting events of local mechanisms (DP-SGD), sent with the next reply
         super().__init__(ctx)
         if self.privacy is not None:

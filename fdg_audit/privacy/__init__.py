@@ -65,6 +65,8 @@ class AuditConfig:
     clients: list = field(default_factory=list)       # audited clients (empty = every source client)
     seed: int = 0                   # public seed of the canary images and labels (the auditor regenerates them)
     out: str = "null"               # a slot without its canary: "null" (black image, zero-out) | "absent"
+    update_canaries: int = 0        # canary clients summed into audited clients' updates (client_dp.py)
+    gradient_canaries: int = 0      # Dirac gradient canaries in audited clients' DP-SGD steps (dpsgd.py)
 
 
 @dataclass
@@ -116,6 +118,12 @@ def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | 
         raise UserError(f"{where}: DP-SGD needs noise_multiplier >= 0 and max_grad_norm > 0")
     if cfg.audit.canaries < 0 or cfg.audit.out not in ("null", "absent"):
         raise UserError(f"{where}.audit: canaries must be >= 0 and out \"null\" or \"absent\"")
+    if cfg.audit.update_canaries < 0 or (cfg.audit.update_canaries and cfg.client is None):
+        raise UserError(f"{where}.audit.update_canaries = {cfg.audit.update_canaries}: update canaries audit "
+                        "client-level DP: add a [privacy.client] table (noise_multiplier = 0.0 for a non-private run)")
+    if cfg.audit.gradient_canaries < 0 or (cfg.audit.gradient_canaries and not cfg.dp_sgd):
+        raise UserError(f"{where}.audit.gradient_canaries = {cfg.audit.gradient_canaries}: gradient canaries audit "
+                        "DP-SGD: set dp_sgd = true (noise_multiplier = 0.0 for a non-private run)")
     return cfg if (cfg.dp_sgd or cfg.artifacts or cfg.audit.canaries or cfg.client) else None
 
 
@@ -157,6 +165,11 @@ def prepare_client(client) -> None:
     client.dp_state = None
     if cfg.audit.canaries:
         insert_canaries(client, cfg.audit)
+    a = cfg.audit
+    if a.update_canaries and (not a.clients or client.id in a.clients):
+        from .client_dp import canary_coins
+        client.record_truth("update_canaries", member=canary_coins(client.run_id, client.id, a.update_canaries,
+                                                                   a.seed))
 
 
 def build_filters(cfg: PrivacyConfig | None) -> dict:
@@ -164,7 +177,7 @@ def build_filters(cfg: PrivacyConfig | None) -> dict:
         return {}
     out = {kind: [GaussianRows(kind, m, cfg.delta, cfg.accountant)] for kind, m in cfg.artifacts.items()}
     if cfg.client is not None:
-        f = ClientDPFilter(cfg.client, cfg.delta, cfg.accountant)
+        f = ClientDPFilter(cfg.client, cfg.delta, cfg.accountant, cfg.audit)
         for kind in cfg.client.kinds:
             out[kind] = out.get(kind, []) + [f]
     return out

@@ -20,6 +20,11 @@ A loss whose per-example gradients Opacus' hooks cannot see (FedDG's episodic st
 carries them itself: ``loss_fn.grad_sample(model, x, y)`` returns one (B, *shape) tensor per trainable
 parameter; DP-SGD then clips, noises and accounts them through the same DPOptimizer.
 
+Audit (``[privacy.audit] gradient_canaries = m``, attacks/dp_audit.py ``dp_audit_dpsgd``): m Dirac gradient canaries
+at public coordinates, each a member with probability 1/2 (the client's private coin, truth ``gradient_canaries``);
+a member joins each step's batch with the examples' rate q as one more clipped per-example gradient, so each canary
+is one unit of the add/remove relation the accountant covers.
+
 Methods whose objective has no faithful per-example form are refused at plan time (``refuse``, from
 ``check_run``) with one line that names client-level DP as the alternative.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,6 +71,26 @@ class DPState:
             self.engine = PrivacyEngine(accountant=accountant)
         self.index = TensorDataset(torch.arange(n))   # the same object every round: one dataset for the engine
         self.steps = 0
+        self.canaries = None        # (coordinates, member) of the gradient canaries (audit), else None
+
+
+def gradient_canary_coordinates(m: int, n_params: int, seed: int) -> np.ndarray:
+    """m distinct flat parameter coordinates of the Dirac gradient canaries (public: from the audit seed)."""
+    return np.random.default_rng([seed, n_params, 0xD1AC]).choice(n_params, m, replace=False)
+
+
+def add_gradient_canaries(trainable, st, q: float, clip: float, gen: torch.Generator) -> None:
+    """White-box DP-SGD audit (Steinke et al. 2023, Dirac canaries): each member canary joins this step's Poisson
+    batch with the examples' rate q as one more per-example gradient, C at its coordinate and 0 elsewhere."""
+    coords, member = st.canaries
+    take = np.flatnonzero(member & (torch.rand(len(member), generator=gen).numpy() < q))
+    sizes = [p.numel() for p in trainable]
+    start = np.cumsum([0] + sizes[:-1])
+    for i, p in enumerate(trainable):
+        rows = torch.zeros((len(take), p.numel()), device=p.device, dtype=p.dtype)
+        hit = (coords[take] >= start[i]) & (coords[take] < start[i] + sizes[i])
+        rows[np.flatnonzero(hit), coords[take][hit] - start[i]] = clip
+        p.grad_sample = torch.cat([p.grad_sample, rows.view(len(take), *p.shape)])
 
 
 def check_loss(client, model, loss_fn, split) -> None:
@@ -92,6 +118,14 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     if client.dp_state is None:
         client.dp_state = DPState(cfg.accountant, n)
     st = client.dp_state
+    if cfg.audit.gradient_canaries and st.canaries is None and (not cfg.audit.clients or client.id in cfg.audit.clients):
+        from .canaries import CANARY_STREAM
+        m = cfg.audit.gradient_canaries
+        coins = np.random.default_rng(np.random.SeedSequence(client._seq.entropy,
+                                                             spawn_key=(client._party, CANARY_STREAM, 1)))
+        st.canaries = (gradient_canary_coordinates(m, sum(q.numel() for q in model.parameters() if q.requires_grad),
+                                                   cfg.audit.seed), coins.random(m) < 0.5)
+        client.record_truth("gradient_canaries", member=st.canaries[1])
     per_example = getattr(loss_fn, "grad_sample", None)
     loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
     opt = opt or _optimizer(p, model)
@@ -132,6 +166,8 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
                     else:   # an empty Poisson batch: no example, still a noised, accounted step
                         for q in trainable:
                             q.grad_sample = torch.zeros((0, *q.shape), device=q.device, dtype=q.dtype)
+                    if st.canaries is not None:
+                        add_gradient_canaries(trainable, st, sampler.sample_rate, cfg.max_grad_norm, client.gen)
                     dp_opt.step()
                     done += 1
         finally:
