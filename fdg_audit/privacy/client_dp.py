@@ -56,6 +56,7 @@ knows the seed.
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -100,8 +101,10 @@ def check(c: ClientDP, where: str) -> ClientDP:
 def calibrate(target: float, delta: float, q: float, steps: int, accountant: str) -> float:
     """sigma reaching ``target`` epsilon after ``steps`` releases at rate q (Opacus get_noise_multiplier)."""
     from opacus.accountants.utils import get_noise_multiplier
-    return float(get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
-                                      accountant=accountant, epsilon_tolerance=0.01))
+    with warnings.catch_warnings():     # the search probes sigmas whose RDP/PRV evaluation warns
+        warnings.simplefilter("ignore")
+        return float(get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=q, steps=steps,
+                                          accountant=accountant, epsilon_tolerance=0.01))
 
 
 def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accountant: str, where: str) -> None:
