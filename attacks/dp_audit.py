@@ -179,10 +179,10 @@ def _example_epsilon(events: list, delta: float) -> float:
 
 
 @dataclass
-class UpdateParams(AttackParams):
-    canaries: int = 256           # must equal [privacy.audit] update_canaries of the audited run
+class CanaryParams(AttackParams):
+    canaries: int = 256           # must equal [privacy.audit] update_canaries / gradient_canaries of the audited run
     canary_seed: int = 0          # must equal [privacy.audit] seed
-    delta: float = 1e-5           # used only where the updates carry no accounting event
+    delta: float = 1e-5           # used only where the uploads carry no accounting event
 
 
 class UpdateAudit(Attack):
@@ -191,7 +191,7 @@ class UpdateAudit(Attack):
     adversary = "server"
     aux = ()
     target = "dp_audit"
-    Params = UpdateParams
+    Params = CanaryParams
 
     def run(self, view, aux):
         p, outs = self.p, []
@@ -242,20 +242,13 @@ class UpdateAudit(Attack):
 
 # ------------------------------------------------------------------------------------------- DP-SGD
 
-@dataclass
-class SGDParams(AttackParams):
-    canaries: int = 256           # must equal [privacy.audit] gradient_canaries of the audited run
-    canary_seed: int = 0          # must equal [privacy.audit] seed
-    delta: float = 1e-5           # used only where the uploads carry no accounting event
-
-
 class DPSGDAudit(Attack):
     name = "dp_audit_dpsgd"
     consumes = ("weights",)
     adversary = "server"
     aux = ()
     target = "dp_audit"
-    Params = SGDParams
+    Params = CanaryParams
 
     def run(self, view, aux):
         from fdg_audit.privacy.dpsgd import gradient_canary_coordinates

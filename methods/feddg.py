@@ -19,7 +19,8 @@ Protocol:
   Jacobian, dL_out/dtheta = dL_out/dtheta' reaches the real model (the CCST re-implementation loads theta' into a
   deep copy and so sends no outer gradient at all; tests check that ours does). The inner gradient is computed
   once and reused: the loss handed to the optimizer is L_in + L_out in value and g_in + dL_out/dtheta' in gradient
-  (the official code back-propagates L_in a second time, which gives the same gradient at 1.2x the cost).
+  (the official code back-propagates L_in a second time, which gives the same gradient at 1.2-1.4x the
+  cost; ``bench/feddg_step.py``).
 - Mixing randomness (source client, bank row, lam) is drawn on the device from a generator seeded by the client's
   seeded generator: no host-to-device copy per step.
 - The segmentation boundary (NT-Xent) loss is omitted: this is classification (CSAC also discards it).
@@ -35,7 +36,7 @@ Paper vs. official code (methods.md §2, "Code != paper"); the paper is the defa
   central (2b+1)^2 window after fftshift, the only part training uses (a different, smaller artifact for attacks).
 - ``relay``: ``"full"`` (default: the server relays the other clients' banks as uploaded, as the paper's shared
   bank) or ``"window"``: the server relays only the central (2b+1)^2 windows, the only part clients use; training
-  is identical, relay bytes shrink by (2b+1)^2 / (H W) (``bench/feddg_relay.py`` measures them).
+  is identical, relay bytes shrink by (2b+1)^2 / (H W) (``bench/feddg_step.py`` measures them).
 
 Example-level DP-SGD (``[privacy] dp_sgd = true``): the episodic objective is made per-example separable: each
 example's inner step uses its own gradient, theta'_i = theta - beta * clamp(grad CE(x_i)), and its outer loss is
@@ -53,9 +54,8 @@ The bank itself is a separate release: privatize it with ``[privacy.artifacts] a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

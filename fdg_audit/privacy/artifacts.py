@@ -70,7 +70,7 @@ class GaussianRows:
         self.sent: dict = {}       # (run, sender, round) -> payloads filtered so far
 
     def __call__(self, kind, arrays, scalars, where):
-        sender, run, rnd = where["sender"], where["run"], where["round"]
+        sender, run = where["sender"], where["run"]
         if sender == "server":
             return arrays, scalars, None
         m = self.m
@@ -85,26 +85,28 @@ class GaussianRows:
         if len({len(v) for v in rows.values()}) > 1:
             raise UserError(f"privacy.artifacts.{kind}: arrays {sorted(rows)} have different row counts "
                             f"{[len(v) for v in rows.values()]}: the per-row mechanism needs one row per record")
-        n = self.sent.get((run, sender, rnd), 0)
-        self.sent[(run, sender, rnd)] = n + 1
-        g = noise_generator(run, sender, rnd, kind, n)
+        g = self.generator(where, kind)
         out = dict(arrays)
         for k, v in clip_rows(rows, m.clip).items():
             z = torch.randn(v.shape, generator=g, dtype=torch.float64) * (m.noise_multiplier * m.clip)
             out[k] = (v.double() + z.to(v.device)).to(v.dtype)
         return out, scalars, self.account(run, sender, m.noise_multiplier / (2.0 if m.rows == "aggregate" else 1.0))
 
+    def generator(self, where: dict, kind: str) -> torch.Generator:
+        """The noise generator of this release: (run, sender, round, kind, payloads already filtered this round)."""
+        key = (where["run"], where["sender"], where["round"])
+        n = self.sent[key] = self.sent.get(key, -1) + 1
+        return noise_generator(*key, kind, n)
+
     def count(self, kind, arrays, scalars, where):
         """Noised counts: every numeric scalar + N(0, (sigma * clip)^2), rounded, at least 1."""
-        sender, run, rnd, m = where["sender"], where["run"], where["round"], self.m
+        sender, run, m = where["sender"], where["run"], self.m
         bad = [k for k, v in scalars.items() if k not in m.passthrough and (isinstance(v, bool) or
                                                                             not isinstance(v, (int, float)))]
         if arrays or bad:
             raise UserError(f"privacy.artifacts.{kind}: rows = \"count\" noises numeric scalars only; "
                             f"{sorted(arrays) or bad} cannot be noised as a count")
-        n = self.sent.get((run, sender, rnd), 0)
-        self.sent[(run, sender, rnd)] = n + 1
-        g = noise_generator(run, sender, rnd, kind, n)
+        g = self.generator(where, kind)
         out = dict(scalars)
         for k in sorted(k for k in scalars if k not in m.passthrough):
             z = float(torch.randn((), generator=g, dtype=torch.float64)) * m.noise_multiplier * m.clip
