@@ -1,4 +1,25 @@
-"""DP audit of the Gaussian mechanism on amplitude banks (attacks.md §4.2, Audit-B; table row D3).
+"""DP audits (one-run, Steinke, Nasr, Jagielski 2023) of the three mechanisms: the Gaussian mechanism on amplitude
+banks (``dp_audit_artifact``), client-level DP on model updates (``dp_audit_client``) and example-level DP-SGD
+(``dp_audit_dpsgd``). All three produce ``Audit`` outputs: one score per canary, scored by the shared scorer into
+eps_lb_one_run / eps_lb_cp next to the accountant's eps_theory (fdg_audit/privacy/audit.py).
+
+``dp_audit_client`` (canary clients, ``[privacy.audit] update_canaries = m``; fdg_audit/privacy/client_dp.py): the
+server knows what it sent each client, so it reads each update u_t = upload_t - received_t of an audited client;
+canary j's score is sum_t <u_t, u_j> over the client's releases (the likelihood-ratio statistic of the Gaussian
+mechanism for a canary of norm C in every release). eps_theory: the client_dp accountant's epsilon on the last
+release. Central mode is skipped: its epsilon covers the aggregate, not the individual uploads a server reads.
+Controls (the filter itself on a synthetic 2,000-coordinate update, 128 canaries): no noise: eps_lb >= 1;
+canaries never inserted: eps_lb = 0; noise multiplier 1 over 3 releases: eps_lb <= the accountant's epsilon.
+
+``dp_audit_dpsgd`` (white-box Dirac gradient canaries, ``[privacy.audit] gradient_canaries = m``;
+fdg_audit/privacy/dpsgd.py): canary j is a per-example gradient C at a public parameter coordinate, a member with
+probability 1/2, Poisson-sampled into the steps like an example. The server knows what it sent, so canary j's
+score is how far the client's uploads moved its coordinate against the canary, sum_t (received_t - upload_t)[j].
+eps_theory: the example-level composition of the mechanisms on the uploaded weights (dp_sgd, and client_dp at
+sigma / 2). Controls (Opacus DP-SGD on a 2,004-parameter linear model, 40 canaries, 20 steps): no noise: eps_lb >= 1;
+no canary inserted: eps_lb = 0; noise multiplier 1: eps_lb <= the accountant's epsilon.
+
+The artifact audit (table row D3, attacks.md §4.2, Audit-B):
 
 Setting: a scenario with ``[privacy.audit] canaries = m`` appends m canary slots to every audited client's
 training split (fdg_audit/privacy/canaries.py): slot j holds public canary image j with probability 1/2, otherwise
@@ -35,10 +56,11 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit.attack import Attack, AttackParams, Audit, Control, Skipped
-from fdg_audit.privacy import ArtifactMechanism
+from fdg_audit.privacy import ArtifactMechanism, ClientDP, epsilon, new_accountant
 from fdg_audit.privacy.artifacts import GaussianRows
 from fdg_audit.privacy.audit import one_run_bound
-from fdg_audit.privacy.canaries import canary_images
+from fdg_audit.privacy.canaries import canary_images, canary_labels
+from fdg_audit.privacy.client_dp import UPDATE_KINDS, ClientDPFilter, canary_coins, update_canaries
 
 KIND = "amplitude_bank"
 
@@ -121,3 +143,169 @@ class ArtifactAudit(Attack):
         return [Control("canaries in a clean bank (max statistic)", "eps_lb_one_run", pos, 1.0),
                 Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
                 Control("noise multiplier 1: eps_lb <= accountant eps", "eps_lb_one_run", noisy, eps, positive=False)]
+
+
+# ------------------------------------------------------------------------------------------- model updates
+
+def _updates(view, victim: str, kinds) -> list:
+    """(message, {name: update}) for each upload of ``kinds`` by ``victim``, the update measured from what the victim
+    last received under that name (or ``<victim>/<name>``), zero where nothing was received (as the filter does)."""
+    received, out = {}, []
+    for m in sorted(view.messages(), key=lambda m: m.env.seq):
+        if m.receiver == victim:
+            received.update(m.payload.arrays)
+        elif m.sender == victim and m.kind in kinds:
+            upd = {}
+            for k, v in m.payload.arrays.items():
+                if v.is_floating_point():
+                    ref = received.get(k, received.get(f"{victim}/{k}"))
+                    upd[k] = v.double() - (0 if ref is None else ref.double())
+            out.append((m, upd))
+    return out
+
+
+def _example_epsilon(events: list, delta: float) -> float:
+    """The example-level epsilon of the mechanisms on one upload (dp_sgd; client_dp at sigma / 2); inf if none."""
+    hist, acc = [], "prv"
+    for ev in events:
+        if ev.get("mechanism") in ("dp_sgd", "client_dp"):
+            hist += [tuple(h) for h in ev.get("example_history", ev["history"])]
+            acc = ev["accountant"]
+    if not hist:
+        return math.inf
+    a = new_accountant(acc)
+    a.history = hist
+    return epsilon(a, delta)
+
+
+@dataclass
+class CanaryParams(AttackParams):
+    canaries: int = 256           # must equal [privacy.audit] update_canaries / gradient_canaries of the audited run
+    canary_seed: int = 0          # must equal [privacy.audit] seed
+    delta: float = 1e-5           # used only where the uploads carry no accounting event
+
+
+class UpdateAudit(Attack):
+    name = "dp_audit_client"
+    consumes = tuple(UPDATE_KINDS)
+    adversary = "server"
+    aux = ()
+    target = "dp_audit"
+    Params = CanaryParams
+
+    def run(self, view, aux):
+        p, outs = self.p, []
+        for victim in view.clients:
+            ups = [(m, u) for m, u in _updates(view, victim, UPDATE_KINDS)
+                   if any(e.get("mechanism") == "client_dp" for e in m.env.filters)]
+            if not ups:
+                continue
+            m, _ = ups[-1]
+            ev = next(e for e in m.env.filters if e.get("mechanism") == "client_dp")
+            if ev["mode"] == "central":
+                outs.append(Skipped(victim, m.kind, m.round, "central mode: its epsilon covers the aggregate, not "
+                                    "the individual uploads a server reads"))
+                continue
+            scores = np.zeros(p.canaries)
+            for _, upd in ups:
+                flat = torch.cat([v.flatten() for v in upd.values()])
+                scores += (update_canaries(p.canaries, len(flat), p.canary_seed) @ flat).numpy()
+            outs.append(Audit(victim, m.kind, m.round, scores, float(ev["delta"]), float(ev["epsilon"]),
+                              truth="update_canaries", variant="sum"))
+        return outs
+
+    @staticmethod
+    def _synthetic(m: int, sigma: float, insert: bool, releases: int = 1):
+        from fdg_audit.privacy import AuditConfig
+        c = ClientDP(clip=1.0, noise_multiplier=sigma, clients=3)
+        f = ClientDPFilter(c, 1e-5, "rdp", AuditConfig(update_canaries=m if insert else 0, seed=0))
+        g = torch.Generator().manual_seed(0)
+        scores, ev = np.zeros(m), None
+        for t in range(releases):
+            ref = torch.randn(2000, generator=g, dtype=torch.float64)
+            upd = torch.randn(2000, generator=g, dtype=torch.float64)
+            out, _, ev = f("weights", {"w": ref + upd}, {}, {"run": "control", "round": t + 1, "sender": "c",
+                                                           "received": {"w": ref}})
+            scores += (update_canaries(m, 2000, 0) @ (out["w"] - ref)).numpy()
+        return scores, canary_coins("control", "c", m, 0), ev["epsilon"]
+
+    def control(self):
+        m = 128
+        pos = one_run_bound(*self._synthetic(m, 0.0, True)[:2], 1e-5)
+        neg = one_run_bound(*self._synthetic(m, 0.0, False)[:2], 1e-5)
+        s, member, eps = self._synthetic(m, 1.0, True, releases=3)
+        return [Control("canary clients, no noise", "eps_lb_one_run", pos, 1.0),
+                Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
+                Control("noise multiplier 1, 3 releases: eps_lb <= accountant eps", "eps_lb_one_run",
+                        one_run_bound(s, member, 1e-5), eps, positive=False)]
+
+
+# ------------------------------------------------------------------------------------------- DP-SGD
+
+class DPSGDAudit(Attack):
+    name = "dp_audit_dpsgd"
+    consumes = ("weights",)
+    adversary = "server"
+    aux = ()
+    target = "dp_audit"
+    Params = CanaryParams
+
+    def run(self, view, aux):
+        from fdg_audit.privacy.dpsgd import gradient_canary_coordinates
+        p, outs = self.p, []
+        for victim in view.clients:
+            ups = [(m, u) for m, u in _updates(view, victim, ("weights",))
+                   if any(e.get("mechanism") == "dp_sgd" for e in m.env.filters)]
+            if not ups:
+                continue
+            names = [k for k, _ in view.new_model().named_parameters()]   # trainable parameters, in order
+            scores = np.zeros(p.canaries)
+            for _, upd in ups:
+                if not all(k in upd for k in names):
+                    break
+                flat = torch.cat([upd[k].flatten() for k in names])
+                scores -= flat[torch.as_tensor(gradient_canary_coordinates(p.canaries, len(flat), p.canary_seed))
+                               ].numpy()       # descent moves a canary's coordinate against its gradient (+C)
+            else:
+                m = ups[-1][0]
+                ev = next(e for e in m.env.filters if e.get("mechanism") == "dp_sgd")
+                outs.append(Audit(victim, "weights", m.round, scores, float(ev["delta"]),
+                                  _example_epsilon(m.env.filters, p.delta), truth="gradient_canaries",
+                                  variant="dirac"))
+                continue
+            outs.append(Skipped(victim, "weights", ups[-1][0].round, "the uploads are not full parameter states"))
+        return outs
+
+    @staticmethod
+    def _synthetic(m: int, sigma: float, insert: bool, seed: int = 0):
+        """DP-SGD (Opacus) on a linear model, 100 random examples, m Dirac canaries, 20 steps; the scores."""
+        from types import SimpleNamespace
+
+        from fdg_audit.params import TrainParams
+        from fdg_audit.privacy import AuditConfig, PrivacyConfig
+        from fdg_audit.privacy.dpsgd import dp_fit
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.rand(100, 500, generator=g) - 0.5, torch.randint(0, 4, (100,), generator=g)
+        net = torch.nn.Linear(500, 4)
+        cfg = PrivacyConfig(dp_sgd=True, noise_multiplier=sigma, accountant="rdp",
+                            audit=AuditConfig(gradient_canaries=m if insert else 0, seed=seed))
+        client = SimpleNamespace(privacy=cfg, params=TrainParams(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=25),
+                                 train=SimpleNamespace(x=x, y=y), dp_state=None, gen=g, events=[], id="c",
+                                 _seq=np.random.SeedSequence(seed), _party=1, record_truth=lambda *a, **k: None)
+        before = torch.cat([q.detach().flatten() for q in net.parameters()])
+        dp_fit(client, net, steps=20)
+        after = torch.cat([q.detach().flatten() for q in net.parameters()])
+        from fdg_audit.privacy.dpsgd import gradient_canary_coordinates
+        coords = gradient_canary_coordinates(m, len(before), seed)
+        member = client.dp_state.canaries[1] if insert else np.random.default_rng(seed).random(m) < 0.5
+        return (before - after)[coords].numpy(), member, client.events[-1]["epsilon"]
+
+    def control(self):
+        m = 40
+        pos = one_run_bound(*self._synthetic(m, 0.0, True)[:2], 1e-5)
+        neg = one_run_bound(*self._synthetic(m, 0.0, False)[:2], 1e-5)
+        s, member, eps = self._synthetic(m, 1.0, True)
+        return [Control("Dirac canaries, no noise", "eps_lb_one_run", pos, 1.0),
+                Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
+                Control("noise multiplier 1: eps_lb <= accountant eps", "eps_lb_one_run",
+                        one_run_bound(s, member, 1e-5), eps, positive=False)]

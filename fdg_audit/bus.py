@@ -107,7 +107,8 @@ class Envelope:
 
 Filter = Callable[[str, dict, dict, dict], tuple[dict, dict, dict | None]]
 """A sender-side filter: (kind, arrays, scalars, where) -> (arrays, scalars, event), where = {"run", "round",
-"sender"} (e.g. to seed its noise the same way in both engines). ``event`` names the mechanism and its accounting
+"sender", "received"} (e.g. to seed its noise the same way in both engines; "received": the arrays the sender last
+received, by name, from which client-level DP measures an update). ``event`` names the mechanism and its accounting
 record; it is stored in the envelope (None: nothing to record, e.g. a filter that passes this sender)."""
 
 
@@ -119,6 +120,7 @@ class Bus:
         self.filters = filters or {}
         self.round, self.seq = 0, 0
         self.sent: dict[int, int] = {}   # wire bytes per round
+        self.received: dict[str, dict] = {}   # party -> arrays it last received, by name (kept only with filters)
 
     def encode_from(self, sender: str, kind: str, arrays: dict, scalars: dict | None = None) -> tuple[bytes, list]:
         """Apply the sender's filters and encode; used where the sender lives (maybe another process)."""
@@ -126,7 +128,7 @@ class Bus:
             raise ValueError(f"unknown artifact kind {kind!r}; known: {sorted(ARTIFACT_KINDS)} "
                              "(a method adds kinds with fdg_audit.bus.register_kind)")
         scalars, events = dict(scalars or {}), []
-        where = {"run": self.run, "round": self.round, "sender": sender}
+        where = {"run": self.run, "round": self.round, "sender": sender, "received": self.received.get(sender, {})}
         for f in self.filters.get(kind, []) + self.filters.get("*", []):
             arrays, scalars, ev = f(kind, arrays, scalars, where)
             if ev:

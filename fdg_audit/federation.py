@@ -85,6 +85,7 @@ class Client(Party):
         self.train = Split(dom.train.x.to(ctx["device"]), dom.train.y.to(ctx["device"]), dom.train.idx)
         self.val = Split(dom.val.x.to(ctx["device"]), dom.val.y.to(ctx["device"]), dom.val.idx)
         self.truth_sink = ctx.get("truth_sink")
+        self.run_id: str = ctx.get("run_id", "")
         self.events: list[dict] = []          # accounting events of local mechanisms (DP-SGD), sent with the next reply
         super().__init__(ctx)
         if self.privacy is not None:
@@ -211,7 +212,10 @@ def _client_reply(client: Client, bus: Bus, rnd: int, phase: str, data: bytes | 
     from .bus import decode
     client.round = bus.round = rnd
     client.reseed()
-    r = client.handle(phase, decode(data) if data is not None else None)
+    msg = decode(data) if data is not None else None
+    if msg is not None and bus.filters:   # client-level DP measures updates from what the client last received
+        bus.received.setdefault(client.id, {}).update(msg.arrays)
+    r = client.handle(phase, msg)
     if r is None:
         return None
     enc, events = bus.encode_from(client.id, r.kind, r.arrays, r.scalars)

@@ -17,7 +17,12 @@ Protocol:
   +-clip) with the gradient treated as a constant (no create_graph); L_out = CE(x_transformed; theta') through
   ``torch.func.functional_call``; one optimizer step on L_in + L_out. Because theta' depends on theta with identity
   Jacobian, dL_out/dtheta = dL_out/dtheta' reaches the real model (the CCST re-implementation loads theta' into a
-  deep copy and so sends no outer gradient at all; tests check that ours does).
+  deep copy and so sends no outer gradient at all; tests check that ours does). The inner gradient is computed
+  once and reused: the loss handed to the optimizer is L_in + L_out in value and g_in + dL_out/dtheta' in gradient
+  (the official code back-propagates L_in a second time, which gives the same gradient at 1.2-1.4x the
+  cost; ``bench/feddg_step.py``).
+- Mixing randomness (source client, bank row, lam) is drawn on the device from a generator seeded by the client's
+  seeded generator: no host-to-device copy per step.
 - The segmentation boundary (NT-Xent) loss is omitted: this is classification (CSAC also discards it).
 
 Paper vs. official code (methods.md §2, "Code != paper"); the paper is the default:
@@ -29,6 +34,19 @@ Paper vs. official code (methods.md §2, "Code != paper"); the paper is the defa
 - ``bank_dtype``: float32 (default, the testbed's image dtype) or float64 (numpy, as the official ``.npy`` files).
 - ``bank_content``: ``"full"`` (the spectrum the paper specifies and the code stores) or ``"window"``: only the
   central (2b+1)^2 window after fftshift, the only part training uses (a different, smaller artifact for attacks).
+- ``relay``: ``"full"`` (default: the server relays the other clients' banks as uploaded, as the paper's shared
+  bank) or ``"window"``: the server relays only the central (2b+1)^2 windows, the only part clients use; training
+  is identical, relay bytes shrink by (2b+1)^2 / (H W) (``bench/feddg_step.py`` measures them).
+
+Example-level DP-SGD (``[privacy] dp_sgd = true``): the episodic objective is made per-example separable: each
+example's inner step uses its own gradient, theta'_i = theta - beta * clamp(grad CE(x_i)), and its outer loss is
+CE(T(x_i); theta'_i) on its own transformed image; per-example gradients g_in,i + dL_out,i/dtheta'_i (first
+order, as above) come from ``torch.func`` (vmap over grad) and go through Opacus' DPOptimizer (clip, noise,
+accountant). T(x_i) mixes x_i with other clients' bank rows: those are not this client's data, are fixed before
+training, and enter no other example's term, so each example's contribution is still one clipped gradient and the
+per-example sensitivity holds. (Without DP the inner step uses the batch-mean gradient, as the official code.)
+The bank itself is a separate release: privatize it with ``[privacy.artifacts] amplitude_bank``; privacy.csv's
+``total`` composes both.
 - Pixel scale: images here are in [0, 1]; the official code works on 0-255 pixels. The amplitude is linear in the
   pixel scale, so a bank here equals the official bank / 255 (up to the resize the official code does first).
 - Official hyperparameters: Adam lr 1e-3, batch 5, meta_step_size 1e-3, clip_value 100 (defaults here for beta and
@@ -36,14 +54,16 @@ Paper vs. official code (methods.md §2, "Code != paper"); the paper is the defa
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
+from torch.func import functional_call, grad, vmap
 
 from fdg_audit.errors import UserError
 from fdg_audit.federation import Reply
+from fdg_audit.privacy import per_sample
 
 from .fedavg import FedAvgClient, FedAvgServer
 from .fedavg import Params as FedAvgParams
@@ -59,10 +79,11 @@ class Params(FedAvgParams):
     bank_content: str = "full"      # full (|FFT2| of the whole image) | window (central (2b+1)^2 after fftshift)
     bank_fraction: float = 1.0      # share of training images in the bank (official dataloader: 1/8 = 0.125)
     bank_dtype: str = "float32"     # float32 | float64 (official .npy files)
+    relay: str = "full"             # full (banks as uploaded) | window (only the central windows clients use)
 
     def __post_init__(self):
         for key, allowed in (("variant", ("paper", "official")), ("bank_content", ("full", "window")),
-                             ("bank_dtype", ("float32", "float64"))):
+                             ("bank_dtype", ("float32", "float64")), ("relay", ("full", "window"))):
             if getattr(self, key) not in allowed:
                 raise UserError(f"feddg {key} = {getattr(self, key)!r}: use one of {', '.join(allowed)}")
         if not 0.0 < self.bank_fraction <= 1.0:
@@ -130,44 +151,85 @@ class FedDGClient(FedAvgClient):
         wins = []
         for key in sorted(msg.arrays):
             a = msg.arrays[key]
-            wins.append(a if self.params.bank_content == "window" else central(a, self.b))
-        counts = torch.tensor([len(a) for a in wins])
+            wins.append(a if a.shape[-1] == 2 * self.b + 1 else central(a, self.b))
+        counts = torch.tensor([len(a) for a in wins], device=self.device)
         self.windows = torch.cat(wins).to(self.device, torch.float32)
         self.counts, self.offsets = counts, torch.cumsum(counts, 0) - counts
         return None
 
+    def device_gen(self) -> torch.Generator:
+        """A generator on the device, seeded from the client's seeded (CPU) generator once per reseed."""
+        if getattr(self, "_dgen_src", None) is not self.gen:
+            seed = int(torch.randint(0, 2 ** 62, (1,), generator=self.gen))
+            self._dgen, self._dgen_src = torch.Generator(device=self.device).manual_seed(seed), self.gen
+        return self._dgen
+
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """x moved toward other clients' amplitude (one random source client and bank entry per image)."""
-        n, g = len(x), self.gen
-        src = torch.randint(len(self.counts), (n,), generator=g)
-        row = self.offsets[src] + (torch.rand(n, generator=g) * self.counts[src]).long().clamp_max(self.counts[src] - 1)
-        lam = torch.ones(n) if self.params.variant == "official" else torch.rand(n, generator=g)
-        return mix(x, self.windows[row.to(self.device)], lam.to(self.device), self.b, self.params.clamp)
+        n, g, dev = len(x), self.device_gen(), self.device
+        src = torch.randint(len(self.counts), (n,), generator=g, device=dev)
+        u = torch.rand(n, generator=g, device=dev)
+        row = self.offsets[src] + (u * self.counts[src]).long().clamp_max(self.counts[src] - 1)
+        lam = torch.ones(n, device=dev) if self.params.variant == "official" else torch.rand(n, generator=g, device=dev)
+        return mix(x, self.windows[row], lam, self.b, self.params.clamp)
 
     def episodic_loss(self, model, x, y):
-        """L_in(theta) + L_out(theta'), theta' = theta - beta * clamp(grad L_in) (first order)."""
+        """L_in(theta) + L_out(theta'), theta' = theta - beta * clamp(grad L_in) (first order). The inner gradient
+        g_in is computed once; the returned loss has the value L_in + L_out and the gradient g_in + dL_out/dtheta'
+        (a detached inner product with g_in stands in for L_in's second backward pass)."""
         p = self.params
         with torch.no_grad():
             xt = self.transform(x)
         loss_in = F.cross_entropy(model(x), y)
         names, params = zip(*[(k, v) for k, v in model.named_parameters() if v.requires_grad])
-        grads = torch.autograd.grad(loss_in, params, retain_graph=True)
+        grads = torch.autograd.grad(loss_in, params)
         fast = {k: v - p.meta_step_size * g.clamp(-p.clip_value, p.clip_value)
                 for k, v, g in zip(names, params, grads)}
         loss_out = F.cross_entropy(functional_call(model, {**dict(model.named_buffers()), **fast}, (xt,)), y)
-        return loss_in + loss_out
+        lin = sum((v * g).sum() for v, g in zip(params, grads))
+        return loss_out + lin - lin.detach() + loss_in.detach()
+
+    def per_example_grads(self, model, x, y) -> list[torch.Tensor]:
+        """Per-example gradients of the separable episodic objective (see the module docstring), one (B, *shape)
+        tensor per trainable parameter, from torch.func (vmap over grad)."""
+        p = self.params
+        with torch.no_grad():
+            xt = self.transform(x)
+        names = [k for k, v in model.named_parameters() if v.requires_grad]
+        theta = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+        bufs = dict(model.named_buffers())
+
+        def ce(prm, xi, yi):
+            return F.cross_entropy(functional_call(model, {**bufs, **prm}, (xi[None],)), yi[None])
+
+        def one(prm, xi, xti, yi):
+            g_in = grad(ce)(prm, xi, yi)
+            fast = {k: prm[k] - p.meta_step_size * g_in[k].clamp(-p.clip_value, p.clip_value) for k in prm}
+            g_out = grad(ce)(fast, xti, yi)
+            return {k: g_in[k] + g_out[k] for k in prm}
+
+        g = vmap(one, in_dims=(None, 0, 0, 0), randomness="different")(theta, x, xt, y)
+        return [g[k] for k in names]
 
     def local_update(self):
-        self.fit(self.model, self.episodic_loss)
+        loss = self.episodic_loss
+        if self.privacy is not None and self.privacy.dp_sgd:
+            loss = per_sample(functools.partial(FedDGClient.episodic_loss, self))
+            loss.grad_sample = self.per_example_grads
+        self.fit(self.model, loss)
 
 
 class FedDGServer(FedAvgServer):
     def begin(self):
         super().begin()
         banks = self.ask("bank")
+        amps = {o: banks[o].arrays["amp"] for o in self.clients}
+        if self.params.relay == "window":
+            h, w = self.shape[1:3]
+            b = half_window(self.params, h, w)
+            amps = {o: a if a.shape[-1] == 2 * b + 1 else central(a, b).contiguous() for o, a in amps.items()}
         self.exchange("bank_relay", "amplitude_bank",
-                      {c: ({f"{o}/amp": banks[o].arrays["amp"] for o in self.clients if o != c}, {})
-                       for c in self.clients})
+                      {c: ({f"{o}/amp": amps[o] for o in self.clients if o != c}, {}) for c in self.clients})
 
 
 class FedDG:

@@ -170,3 +170,73 @@ def test_feddg_runs_in_the_process_engine_with_the_same_ledger(run_toml):
     proc = Ledger.open(run_toml(TINY.format(engine="process"), name="b"))
     assert [e.sha256 for e in proc.envelopes] == [e.sha256 for e in local.envelopes]
     assert any(e.kind == "amplitude_bank" for e in proc.envelopes)
+
+
+def test_reused_inner_gradient_equals_the_second_backward_pass():
+    from torch.func import functional_call
+    client = _client()
+    model, (x, y), p = client.model, (client.train.x[:8], client.train.y[:8]), client.params
+
+    def official():       # the official code: back-propagate L_in a second time (retain_graph)
+        xt = client.transform(x)
+        loss_in = F.cross_entropy(model(x), y)
+        names, params = zip(*[(k, v) for k, v in model.named_parameters()])
+        grads = torch.autograd.grad(loss_in, params, retain_graph=True)
+        fast = {k: v - p.meta_step_size * g.clamp(-p.clip_value, p.clip_value) for k, v, g in zip(names, params, grads)}
+        return loss_in + F.cross_entropy(functional_call(model, fast, (xt,)), y)
+
+    out = []
+    for fn in (official, lambda: client.episodic_loss(model, x, y)):
+        client.gen = torch.Generator().manual_seed(3)
+        model.zero_grad()
+        loss = fn()
+        loss.backward()
+        out.append((loss.item(), torch.cat([q.grad.flatten() for q in model.parameters()])))
+    assert out[0][0] == pytest.approx(out[1][0], rel=1e-6)          # the same loss value
+    assert torch.allclose(out[0][1], out[1][1], rtol=1e-5, atol=1e-7)  # and the same gradient
+
+
+def test_per_example_gradients_are_each_examples_own_episodic_gradient():
+    from torch.func import functional_call
+    client = _client()
+    client.params.meta_step_size = 0.05           # make the inner step matter
+    model, (x, y), p = client.model, (client.train.x[:5], client.train.y[:5]), client.params
+    client.gen = torch.Generator().manual_seed(4)
+    got = client.per_example_grads(model, x, y)
+    client.gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        xt = client.transform(x)                  # the same mixing draws
+    names, params = zip(*model.named_parameters())
+    for i in range(len(x)):                       # each example: inner step from its own gradient, outer on T(x_i)
+        g_in = torch.autograd.grad(F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]), params)
+        fast = {k: (v - p.meta_step_size * g.clamp(-p.clip_value, p.clip_value)).detach().requires_grad_()
+                for k, v, g in zip(names, params, g_in)}
+        g_out = torch.autograd.grad(F.cross_entropy(functional_call(model, fast, (xt[i:i + 1],)), y[i:i + 1]),
+                                    list(fast.values()))
+        for j, (a, b) in enumerate(zip(g_in, g_out)):
+            assert torch.allclose(got[j][i], a + b, rtol=1e-4, atol=1e-6), names[j]
+    assert all(g.shape == (len(x), *q.shape) for g, q in zip(got, params))
+
+
+def test_window_relay_sends_only_the_windows_and_trains_the_same(run_toml):
+    full = Ledger.open(run_toml(TINY.format(engine="local"), name="a"))
+    win = Ledger.open(run_toml(TINY.format(engine="local"), "methods.feddg.relay=\"window\"", name="b"))
+    relay = lambda led: [e for e in led.envelopes if e.phase == "bank_relay"]  # noqa: E731
+    assert sum(e.wire_bytes for e in relay(win)) < 0.05 * sum(e.wire_bytes for e in relay(full))
+    for e in relay(win):
+        assert all(a["shape"][-2:] == [5, 5] for a in e.arrays)
+    ups = lambda led: [e.sha256 for e in led.envelopes if e.kind == "weights"]  # noqa: E731
+    assert ups(win) == ups(full)                  # the clients use only the window: identical training
+
+
+def test_feddg_trains_under_example_level_dp_sgd(run_toml):
+    text = TINY.format(engine="local").replace("rounds = 1", "rounds = 2") + \
+        "[privacy]\ndp_sgd = true\nnoise_multiplier = 1.0\nmax_grad_norm = 1.0\naccountant = \"rdp\"\n"
+    root = run_toml(text)
+    import csv
+    rows = [r for r in csv.DictReader(open(root / "privacy.csv")) if r["mechanism"] == "dp_sgd"]
+    assert {r["party"] for r in rows} == {"colour", "inverted", "texture"}
+    assert all(r["adjacency"] == "one example (add/remove)" and float(r["epsilon"]) > 0 for r in rows)
+    led = Ledger.open(root)
+    ups = led.select(kind="weights", receiver="server")
+    assert ups and all(e.filters[0]["mechanism"] == "dp_sgd" for e in ups)

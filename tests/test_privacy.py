@@ -147,11 +147,15 @@ def test_clipping_bound_and_noise_scale_unit():
         f("style_bank", {"mean": x["mean"], "ids": torch.arange(500)}, {}, {"run": "r", "round": 0, "sender": "a"})
 
 
-def test_batchnorm_and_non_private_losses_are_refused(run_toml):
+def test_batchnorm_and_non_private_losses_are_refused(run_toml, tmp_path):
     with pytest.raises(UserError, match='model.norm = "group"'):
         run_toml(DATA.format(n=40, rounds=1) + DPSGD + '[model]\nnorm = "batch"\n[[methods]]\nname = "fedavg"\n')
-    with pytest.raises(UserError, match="'feddg'"):
-        run_toml(DATA.format(n=40, rounds=1) + DPSGD + '[[methods]]\nname = "feddg"\n', name="f")
+    for method in ("csac", "ccst", "fpl"):      # refused at plan time, in one line naming client-level DP
+        with pytest.raises(UserError, match=f"'{method}' has no per-example objective .*client-level DP") as e:
+            run_toml(DATA.format(n=40, rounds=1) + DPSGD + f'[[methods]]\nname = "{method}"\n', name=method)
+        assert "\n" not in str(e.value) and not (tmp_path / "runs" / method).exists()   # before any training
+    with pytest.raises(UserError, match="not marked as a mean of per-example terms"):   # others: at fit time
+        run_toml(DATA.format(n=40, rounds=1) + DPSGD + '[[methods]]\nname = "fedsr"\n', name="f")
 
 
 def test_dp_fit_refuses_batchnorm_models_built_by_a_method():
@@ -222,3 +226,42 @@ def test_privacy_csv_composes_a_partys_mechanisms_into_a_total():
     solo = new_accountant("rdp")
     solo.history = [(1.0, 0.1, 20)]
     assert rows[-1]["epsilon"] > epsilon(solo, 1e-5)
+
+
+SGD_AUDIT = DATA.format(n=40, rounds=1).replace("local_epochs = 1", "local_steps = 5").replace("batch_size = 32", \
+    "batch_size = 16") + """
+[privacy]
+dp_sgd = true
+max_grad_norm = 1.0
+accountant = "rdp"
+[privacy.audit]
+gradient_canaries = 256
+[[methods]]
+name = "fedavg"
+label = "clean"
+privacy = {{ noise_multiplier = 0.0 }}
+[[methods]]
+name = "{method}"
+label = "dp"
+privacy = {{ noise_multiplier = 1.0 }}
+[[attacks]]
+name = "dp_audit_dpsgd"
+canaries = 256
+"""
+
+
+def test_dp_sgd_audit_below_accountant_on_dp_runs_and_positive_without_noise(run_toml):
+    from conftest import leakage_rows
+    for seed, method in ((0, "fedavg"), (1, "fedavg"), (2, "feddg")):
+        text = SGD_AUDIT.format(method=method).replace("seeds = [0]", f"seeds = [{seed}]\nthreads = 1")
+        if seed:   # the clean (no-noise) positive run once is enough
+            text = text.replace('[[methods]]\nname = "fedavg"\nlabel = "clean"\nprivacy = { noise_multiplier = 0.0 }\n', "")
+        root = run_toml(text, name=f"s{seed}")
+        lb, theory = leakage_rows(root, method="dp", metric="eps_lb_one_run"), leakage_rows(root, method="dp",
+                                                                                             metric="eps_theory")
+        assert len(lb) == len(theory) == 2
+        for a, t in zip(lb, theory):
+            assert 0.0 <= float(a["value"]) <= float(t["value"]) < math.inf
+        clean = [float(r["value"]) for r in leakage_rows(root, method="clean", metric="eps_lb_one_run")]
+        assert len(clean) == (0 if seed else 2) and min(clean, default=9) > 1.5   # no noise: the canaries are found
+    assert all(c["passed"] for c in json.loads((root / "controls.json").read_text()))

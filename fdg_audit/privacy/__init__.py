@@ -16,13 +16,25 @@ One scenario-level ``[privacy]`` table configures every run (a ``[[methods]]`` e
     [privacy.audit]            # canaries for DP audits (attacks/dp_audit.py)
     canaries = 64
 
+    [privacy.client]           # client-level DP on every model-like upload (client_dp.py), any method
+    clip = 1.0
+    noise_multiplier = 1.0     # or target_epsilon = 8.0 (sigma calibrated with Opacus)
+    mode = "local"             # local (untrusted server) | central (trusted aggregator)
+
 Mechanisms and their accounting (each party keeps one accountant per mechanism for the whole run, never reset):
 
 * ``dp_sgd`` (``dpsgd.py``): Opacus ``PrivacyEngine.make_private`` each time a client trains through
   ``Client.fit`` (one engine per client, so its accountant persists over rounds), Poisson sampling with
   rate 1/ceil(n/B); the event (sigma, C, q, steps, epsilon) rides on the client's next reply envelope.
-* ``gaussian_rows`` (``artifacts.py``): a bus filter on the artifact kinds named in ``[privacy.artifacts]``.
-* ``total``: where one party runs several mechanisms, their histories composed in one accountant.
+* ``gaussian_rows`` (``artifacts.py``): a bus filter on the artifact kinds named in ``[privacy.artifacts]``;
+  ``rows = "count"`` noises a count (``n_samples``) instead.
+* ``client_dp`` (``client_dp.py``): DP-FedAvg's clip + Gaussian noise on each client's model update.
+* ``total``: where one party runs several mechanisms, their histories composed in one accountant, under the
+  example-level relation (client_dp enters at sigma / 2: one example moves a clipped update by at most 2C).
+
+Neighbouring relations (the ``adjacency`` column of privacy.csv): dp_sgd: add/remove one example (Opacus);
+gaussian_rows: one example's row replaced by the null record (zero-out), or for ``rows = "count"`` one example
+added/removed; client_dp: one client's update replaced by zero; total: one example (any of the above).
 
 ``privacy.csv`` (one row per run, party, mechanism and round in which that mechanism released something) is
 built from the accounting events in ``messages.jsonl``: what was recorded is what was accounted.
@@ -36,10 +48,15 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from .accounting import epsilon, new_accountant
 from .artifacts import ArtifactMechanism, GaussianRows
+from .client_dp import ADJACENCY as CLIENT_ADJACENCY
+from .client_dp import ClientDP, ClientDPFilter
 
 ACCOUNTANTS = ("prv", "rdp")
 PRIVACY_FIELDS = ["run", "party", "mechanism", "round", "epsilon", "delta", "noise_multiplier", "clip",
-                  "sample_rate", "accountant", "steps"]
+                  "sample_rate", "accountant", "steps", "adjacency"]
+ADJACENCY = {"dp_sgd": "one example (add/remove)", "gaussian_rows": "one example (zero-out: its row -> null record)",
+             "count": "one example (add/remove: the count moves by 1)", "client_dp": CLIENT_ADJACENCY,
+             "total": "one example (composed: every mechanism of this party)"}
 
 
 @dataclass
@@ -48,6 +65,8 @@ class AuditConfig:
     clients: list = field(default_factory=list)       # audited clients (empty = every source client)
     seed: int = 0                   # public seed of the canary images and labels (the auditor regenerates them)
     out: str = "null"               # a slot without its canary: "null" (black image, zero-out) | "absent"
+    update_canaries: int = 0        # canary clients summed into audited clients' updates (client_dp.py)
+    gradient_canaries: int = 0      # Dirac gradient canaries in audited clients' DP-SGD steps (dpsgd.py)
 
 
 @dataclass
@@ -59,6 +78,7 @@ class PrivacyConfig:
     accountant: str = "prv"
     artifacts: dict = field(default_factory=dict)     # kind -> ArtifactMechanism
     audit: AuditConfig = field(default_factory=AuditConfig)
+    client: ClientDP | None = None                    # [privacy.client]: client-level DP (client_dp.py)
 
 
 def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | None:
@@ -66,14 +86,17 @@ def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | 
     from ..bus import ARTIFACT_KINDS
     from ..params import typed
     raw = dict(raw or {})
-    arts, aud = raw.pop("artifacts", {}) or {}, raw.pop("audit", {}) or {}
+    arts, aud, cli = raw.pop("artifacts", {}) or {}, raw.pop("audit", {}) or {}, raw.pop("client", None)
     cfg = typed(PrivacyConfig, raw, where)
+    if cli:
+        from .client_dp import check
+        cfg.client = check(typed(ClientDP, cli, f"{where}.client"), f"{where}.client")
     if not isinstance(arts, dict):
         raise UserError(f"{where}.artifacts must be a table, e.g. amplitude_bank = {{ clip = 50.0, noise_multiplier = 1.0 }}")
     for kind, m in arts.items():
         if kind in ("weights", "delta"):
-            raise UserError(f"{where}.artifacts.{kind}: model updates are privatized by DP-SGD, not per-row noise: "
-                            "use dp_sgd = true")
+            raise UserError(f"{where}.artifacts.{kind}: model updates are privatized by DP-SGD or client-level DP, "
+                            "not per-row noise: use dp_sgd = true or a [privacy.client] table")
         if kind not in ARTIFACT_KINDS:
             raise UserError(f"{where}.artifacts.{kind}: unknown artifact kind; known: {sorted(ARTIFACT_KINDS)}")
         mech = typed(ArtifactMechanism, m, f"{where}.artifacts.{kind}")
@@ -82,8 +105,9 @@ def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | 
                             f"clip = {mech.clip}, noise_multiplier = {mech.noise_multiplier}")
         if not isinstance(mech.passthrough, list):
             raise UserError(f"{where}.artifacts.{kind}.passthrough must be a list of names, e.g. [\"classes\"]")
-        if mech.rows not in ("image", "aggregate"):
-            raise UserError(f"{where}.artifacts.{kind}.rows = {mech.rows!r}: use \"image\" or \"aggregate\"")
+        if mech.rows not in ("image", "aggregate", "count"):
+            raise UserError(f"{where}.artifacts.{kind}.rows = {mech.rows!r}: use \"image\", \"aggregate\" or "
+                            "\"count\" (noised scalar counts, e.g. n_samples)")
         cfg.artifacts[kind] = mech
     cfg.audit = typed(AuditConfig, aud, f"{where}.audit")
     if cfg.accountant not in ACCOUNTANTS:
@@ -94,13 +118,26 @@ def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | 
         raise UserError(f"{where}: DP-SGD needs noise_multiplier >= 0 and max_grad_norm > 0")
     if cfg.audit.canaries < 0 or cfg.audit.out not in ("null", "absent"):
         raise UserError(f"{where}.audit: canaries must be >= 0 and out \"null\" or \"absent\"")
-    return cfg if (cfg.dp_sgd or cfg.artifacts or cfg.audit.canaries) else None
+    if cfg.audit.update_canaries < 0 or (cfg.audit.update_canaries and cfg.client is None):
+        raise UserError(f"{where}.audit.update_canaries = {cfg.audit.update_canaries}: update canaries audit "
+                        "client-level DP: add a [privacy.client] table (noise_multiplier = 0.0 for a non-private run)")
+    if cfg.audit.gradient_canaries < 0 or (cfg.audit.gradient_canaries and not cfg.dp_sgd):
+        raise UserError(f"{where}.audit.gradient_canaries = {cfg.audit.gradient_canaries}: gradient canaries audit "
+                        "DP-SGD: set dp_sgd = true (noise_multiplier = 0.0 for a non-private run)")
+    return cfg if (cfg.dp_sgd or cfg.artifacts or cfg.audit.canaries or cfg.client) else None
 
 
-def check_run(cfg: PrivacyConfig | None, model_cfg, data) -> None:
-    """Checks that need the model and data config: BatchNorm under DP-SGD, audited clients, canary count."""
+def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=None) -> None:
+    """Checks that need the model, data and method: BatchNorm under DP-SGD, methods that refuse DP-SGD, client-level
+    DP settings (clients per round, sampling rate, calibrated sigma), audited clients, canary count."""
     if cfg is None:
         return
+    if cfg.dp_sgd and method is not None:
+        from .dpsgd import refuse
+        refuse(method.name)
+    if cfg.client is not None and method is not None:
+        from .client_dp import plan_check
+        plan_check(cfg.client, method, params, len(data.names) - 1, cfg.delta, cfg.accountant, "privacy.client")
     if cfg.dp_sgd and model_cfg.norm == "batch":
         raise UserError("model.norm = \"batch\" with privacy.dp_sgd: Opacus refuses BatchNorm (it mixes the "
                         "examples of a batch): set model.norm = \"group\"")
@@ -128,12 +165,22 @@ def prepare_client(client) -> None:
     client.dp_state = None
     if cfg.audit.canaries:
         insert_canaries(client, cfg.audit)
+    a = cfg.audit
+    if a.update_canaries and (not a.clients or client.id in a.clients):
+        from .client_dp import canary_coins
+        client.record_truth("update_canaries", member=canary_coins(client.run_id, client.id, a.update_canaries,
+                                                                   a.seed))
 
 
 def build_filters(cfg: PrivacyConfig | None) -> dict:
     if cfg is None:
         return {}
-    return {kind: [GaussianRows(kind, m, cfg.delta, cfg.accountant)] for kind, m in cfg.artifacts.items()}
+    out = {kind: [GaussianRows(kind, m, cfg.delta, cfg.accountant)] for kind, m in cfg.artifacts.items()}
+    if cfg.client is not None:
+        f = ClientDPFilter(cfg.client, cfg.delta, cfg.accountant, cfg.audit)
+        for kind in cfg.client.kinds:
+            out[kind] = out.get(kind, []) + [f]
+    return out
 
 
 # ------------------------------------------------------------------------------------------- privacy.csv
@@ -147,6 +194,8 @@ def privacy_rows(envelopes) -> list[dict]:
             if not isinstance(ev, dict) or "epsilon" not in ev:
                 continue
             mech = ev["mechanism"] + (f":{ev['kind']}" if ev.get("kind") else "")
+            ev = dict(ev, adjacency=ev.get("adjacency") or ADJACENCY.get(ev.get("rows") if ev.get("rows") == "count"
+                                                                          else ev["mechanism"], ""))
             key = (e.run, e.sender, mech, e.round)
             if key not in latest or ev["steps"] >= latest[key]["steps"]:
                 latest[key] = ev
@@ -154,7 +203,7 @@ def privacy_rows(envelopes) -> list[dict]:
     for (run, party, mech, rnd), ev in latest.items():
         rows.append(dict(run=run, party=party, mechanism=mech, round=rnd, epsilon=ev["epsilon"], delta=ev["delta"],
                          noise_multiplier=ev["noise_multiplier"], clip=ev["clip"], sample_rate=ev["sample_rate"],
-                         accountant=ev["accountant"], steps=ev["steps"]))
+                         accountant=ev["accountant"], steps=ev["steps"], adjacency=ev["adjacency"]))
     by_party: dict = {}
     for (run, party, mech, rnd), ev in latest.items():
         by_party.setdefault((run, party), {}).setdefault(mech, []).append((rnd, ev))
@@ -167,13 +216,13 @@ def privacy_rows(envelopes) -> list[dict]:
                 past = [ev for r, ev in evs if r <= rnd]
                 if past:
                     ev = max(past, key=lambda v: v["steps"])
-                    hist += [tuple(h) for h in ev["history"]]
+                    hist += [tuple(h) for h in ev.get("example_history", ev["history"])]
                     delta, acc = ev["delta"], ev["accountant"]
             a = new_accountant(acc)
             a.history = hist
             rows.append(dict(run=run, party=party, mechanism="total", round=rnd, epsilon=epsilon(a, delta),
                              delta=delta, noise_multiplier="", clip="", sample_rate="", accountant=acc,
-                             steps=sum(h[2] for h in hist)))
+                             steps=sum(h[2] for h in hist), adjacency=ADJACENCY["total"]))
     rows.sort(key=lambda r: (r["run"], r["party"], r["mechanism"], r["round"]))
     return rows
 
@@ -186,6 +235,6 @@ def privacy_csv(envelopes) -> str:
     return buf.getvalue()
 
 
-__all__ = ["PrivacyConfig", "ArtifactMechanism", "AuditConfig", "privacy_config", "check_run", "per_sample",
+__all__ = ["PrivacyConfig", "ArtifactMechanism", "ClientDP", "AuditConfig", "privacy_config", "check_run", "per_sample",
            "epsilon", "new_accountant", "prepare_client", "build_filters", "privacy_rows", "privacy_csv",
            "PRIVACY_FIELDS"]

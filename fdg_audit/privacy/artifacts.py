@@ -16,6 +16,11 @@ release is one step of Opacus' accountant used stand-alone, ``step(noise_multipl
 accountant lives per (run, sender, kind) for the whole run. The event (mechanism, clip, sigma, releases, epsilon
 at delta, the accountant's history) goes into the envelope's ``filters`` field.
 
+Counts (``rows = "count"``, e.g. ``n_samples = { rows = "count", clip = 1.0, noise_multiplier = 5.0 }``): every
+numeric scalar of the payload (FedAvg's n_k) gets N(0, (noise_multiplier * clip)^2) and is sent rounded, at least 1
+(post-processing). Sensitivity ``clip`` (1: adding or removing one example moves a count by 1); one Gaussian
+release per payload, accounted as above. Without it FedAvg's n_k is sent in the clear, outside every guarantee.
+
 Randomness: a torch.Generator seeded from (run, sender, round, kind, how many such payloads this sender already
 sent this round), so the noise is the same in both engines, independent of the method's own random streams
 (a clean and a noised run share all other randomness), and differs for every release.
@@ -65,10 +70,12 @@ class GaussianRows:
         self.sent: dict = {}       # (run, sender, round) -> payloads filtered so far
 
     def __call__(self, kind, arrays, scalars, where):
-        sender, run, rnd = where["sender"], where["run"], where["round"]
+        sender, run = where["sender"], where["run"]
         if sender == "server":
             return arrays, scalars, None
         m = self.m
+        if m.rows == "count":
+            return self.count(kind, arrays, scalars, where)
         bad = [k for k in scalars if k not in m.passthrough]
         bad += [k for k, v in arrays.items() if not torch.as_tensor(v).is_floating_point() and k not in m.passthrough]
         if bad:
@@ -78,20 +85,42 @@ class GaussianRows:
         if len({len(v) for v in rows.values()}) > 1:
             raise UserError(f"privacy.artifacts.{kind}: arrays {sorted(rows)} have different row counts "
                             f"{[len(v) for v in rows.values()]}: the per-row mechanism needs one row per record")
-        n = self.sent.get((run, sender, rnd), 0)
-        self.sent[(run, sender, rnd)] = n + 1
-        g = noise_generator(run, sender, rnd, kind, n)
+        g = self.generator(where, kind)
         out = dict(arrays)
         for k, v in clip_rows(rows, m.clip).items():
             z = torch.randn(v.shape, generator=g, dtype=torch.float64) * (m.noise_multiplier * m.clip)
             out[k] = (v.double() + z.to(v.device)).to(v.dtype)
+        return out, scalars, self.account(run, sender, m.noise_multiplier / (2.0 if m.rows == "aggregate" else 1.0))
+
+    def generator(self, where: dict, kind: str) -> torch.Generator:
+        """The noise generator of this release: (run, sender, round, kind, payloads already filtered this round)."""
+        key = (where["run"], where["sender"], where["round"])
+        n = self.sent[key] = self.sent.get(key, -1) + 1
+        return noise_generator(*key, kind, n)
+
+    def count(self, kind, arrays, scalars, where):
+        """Noised counts: every numeric scalar + N(0, (sigma * clip)^2), rounded, at least 1."""
+        sender, run, m = where["sender"], where["run"], self.m
+        bad = [k for k, v in scalars.items() if k not in m.passthrough and (isinstance(v, bool) or
+                                                                            not isinstance(v, (int, float)))]
+        if arrays or bad:
+            raise UserError(f"privacy.artifacts.{kind}: rows = \"count\" noises numeric scalars only; "
+                            f"{sorted(arrays) or bad} cannot be noised as a count")
+        g = self.generator(where, kind)
+        out = dict(scalars)
+        for k in sorted(k for k in scalars if k not in m.passthrough):
+            z = float(torch.randn((), generator=g, dtype=torch.float64)) * m.noise_multiplier * m.clip
+            out[k] = max(1, int(round(scalars[k] + z)))
+        return arrays, out, self.account(run, sender, m.noise_multiplier)
+
+    def account(self, run: str, sender: str, sigma: float) -> dict:
+        m = self.m
         acc = self.acc.setdefault((run, sender), new_accountant(self.accountant))
-        sigma = m.noise_multiplier / (2.0 if m.rows == "aggregate" else 1.0)
         acc.step(noise_multiplier=sigma, sample_rate=1.0)
         releases = sum(h[2] for h in acc.history)
-        event = dict(mechanism="gaussian_rows", kind=kind, accountant=self.accountant,
+        event = dict(mechanism="gaussian_rows", kind=self.kind, accountant=self.accountant,
                      noise_multiplier=m.noise_multiplier, clip=m.clip, rows=m.rows,
                      sensitivity=m.clip * (2 if m.rows == "aggregate" else 1), sample_rate=1.0, steps=releases,
                      delta=self.delta, epsilon=epsilon(acc, self.delta), history=[list(h) for h in acc.history],
                      passthrough=list(m.passthrough))
-        return out, scalars, event
+        return event

@@ -16,11 +16,23 @@ What DP-SGD can cover: a loss that is a mean of per-example terms of one forward
 is; a method's own ``loss_fn`` must be marked with ``fdg_audit.privacy.per_sample`` (otherwise: UserError naming
 the method), and training on a derived split (e.g. CCST's augmented set with several rows per image) is refused,
 since the accounting unit would no longer be one training example. BatchNorm is refused (use GroupNorm).
+A loss whose per-example gradients Opacus' hooks cannot see (FedDG's episodic step through ``functional_call``)
+carries them itself: ``loss_fn.grad_sample(model, x, y)`` returns one (B, *shape) tensor per trainable
+parameter; DP-SGD then clips, noises and accounts them through the same DPOptimizer.
+
+Audit (``[privacy.audit] gradient_canaries = m``, attacks/dp_audit.py ``dp_audit_dpsgd``): m Dirac gradient canaries
+at public coordinates, each a member with probability 1/2 (the client's private coin, truth ``gradient_canaries``);
+a member joins each step's batch with the examples' rate q as one more clipped per-example gradient, so each canary
+is one unit of the add/remove relation the accountant covers.
+
+Methods whose objective has no faithful per-example form are refused at plan time (``refuse``, from
+``check_run``) with one line that names client-level DP as the alternative.
 """
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +40,21 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..errors import UserError
 from .accounting import epsilon
+
+
+REFUSE = {
+    "csac": "its MK-MMD alignment compares the batch's feature distribution, coupling the examples of a batch",
+    "ccst": "it trains on a derived split (several style-transferred rows per image, styles mixed across images)",
+    "fpl": "its prototype losses use class prototypes, statistics of the client's whole data and of other clients",
+}
+
+
+def refuse(method: str) -> None:
+    """Raise the one-line error for a method whose local objective is not a mean of per-example terms."""
+    if method in REFUSE:
+        raise UserError(f"privacy.dp_sgd: method {method!r} has no per-example objective ({REFUSE[method]}), so "
+                        "example-level DP-SGD is undefined: use client-level DP instead ([privacy.client] clip and "
+                        "noise_multiplier or target_epsilon)")
 
 
 def _method(client) -> str:
@@ -44,6 +71,26 @@ class DPState:
             self.engine = PrivacyEngine(accountant=accountant)
         self.index = TensorDataset(torch.arange(n))   # the same object every round: one dataset for the engine
         self.steps = 0
+        self.canaries = None        # (coordinates, member) of the gradient canaries (audit), else None
+
+
+def gradient_canary_coordinates(m: int, n_params: int, seed: int) -> np.ndarray:
+    """m distinct flat parameter coordinates of the Dirac gradient canaries (public: from the audit seed)."""
+    return np.random.default_rng([seed, n_params, 0xD1AC]).choice(n_params, m, replace=False)
+
+
+def add_gradient_canaries(trainable, st, q: float, clip: float, gen: torch.Generator) -> None:
+    """White-box DP-SGD audit (Steinke et al. 2023, Dirac canaries): each member canary joins this step's Poisson
+    batch with the examples' rate q as one more per-example gradient, C at its coordinate and 0 elsewhere."""
+    coords, member = st.canaries
+    take = np.flatnonzero(member & (torch.rand(len(member), generator=gen).numpy() < q))
+    sizes = [p.numel() for p in trainable]
+    start = np.cumsum([0] + sizes[:-1])
+    for i, p in enumerate(trainable):
+        rows = torch.zeros((len(take), p.numel()), device=p.device, dtype=p.dtype)
+        hit = (coords[take] >= start[i]) & (coords[take] < start[i] + sizes[i])
+        rows[np.flatnonzero(hit), coords[take][hit] - start[i]] = clip
+        p.grad_sample = torch.cat([p.grad_sample, rows.view(len(take), *p.shape)])
 
 
 def check_loss(client, model, loss_fn, split) -> None:
@@ -71,6 +118,15 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     if client.dp_state is None:
         client.dp_state = DPState(cfg.accountant, n)
     st = client.dp_state
+    if cfg.audit.gradient_canaries and st.canaries is None and (not cfg.audit.clients or client.id in cfg.audit.clients):
+        from .canaries import CANARY_STREAM
+        m = cfg.audit.gradient_canaries
+        coins = np.random.default_rng(np.random.SeedSequence(client._seq.entropy,
+                                                             spawn_key=(client._party, CANARY_STREAM, 1)))
+        st.canaries = (gradient_canary_coordinates(m, sum(q.numel() for q in model.parameters() if q.requires_grad),
+                                                   cfg.audit.seed), coins.random(m) < 0.5)
+        client.record_truth("gradient_canaries", member=st.canaries[1])
+    per_example = getattr(loss_fn, "grad_sample", None)
     loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
     opt = opt or _optimizer(p, model)
     dev = next(model.parameters()).device
@@ -80,7 +136,8 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     try:
         hooks, dp_opt, dp_loader = st.engine.make_private(
             module=model, optimizer=opt, data_loader=loader, noise_multiplier=cfg.noise_multiplier,
-            max_grad_norm=cfg.max_grad_norm, poisson_sampling=True, noise_generator=noise_gen, wrap_model=False)
+            max_grad_norm=cfg.max_grad_norm, poisson_sampling=True, noise_generator=noise_gen, wrap_model=False,
+            grad_sample_mode="hooks" if per_example is None else "no_op")   # no_op: the loss brings its own
     except ValueError as e:  # e.g. optimizer parameters that are not the model's
         raise UserError(f"privacy.dp_sgd: method {_method(client)!r} cannot be made private by Opacus: {e}") from None
     sampler = dp_loader.batch_sampler
@@ -99,12 +156,18 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
                     if done == total:
                         break
                     dp_opt.zero_grad(set_to_none=True)
-                    if idx:
+                    if idx and per_example is not None:
+                        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
+                        for q, g in zip(trainable, per_example(model, train.x[j], train.y[j])):
+                            q.grad_sample = g
+                    elif idx:
                         j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
                         loss_fn(model, train.x[j], train.y[j]).backward()
                     else:   # an empty Poisson batch: no example, still a noised, accounted step
                         for q in trainable:
                             q.grad_sample = torch.zeros((0, *q.shape), device=q.device, dtype=q.dtype)
+                    if st.canaries is not None:
+                        add_gradient_canaries(trainable, st, sampler.sample_rate, cfg.max_grad_norm, client.gen)
                     dp_opt.step()
                     done += 1
         finally:

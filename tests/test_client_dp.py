@@ -1,0 +1,163 @@
+"""Client-level DP (DP-FedAvg) for every method: clipped updates, noise of the configured scale, accounting, audit."""
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fdg_audit.errors import UserError
+from fdg_audit.ledger import Ledger
+from fdg_audit.privacy import epsilon, new_accountant
+from fdg_audit.privacy.client_dp import UPDATE_KINDS, calibrate, noise
+
+METHODS = ["fedavg", "feddg", "csac", "ccst", "fpl", "fedadg", "copa", "fedsr", "fedga"]
+CLIP, SIGMA = 0.05, 0.7
+BASE = """
+seeds = [{seed}]
+report = false
+threads = 1
+[data]
+dataset = "digits"
+family = "rotated"
+domains = ["rot0", "rot15", "rot30", "rot45"]
+targets = ["rot0"]
+per_domain = 24
+[train]
+rounds = 2
+local_steps = 1
+batch_size = 8
+lr = 0.1
+[privacy]
+accountant = "rdp"
+"""
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def updates(root):
+    """Per run: (envelope, upload arrays, what the sender last received) for every client upload of an update kind."""
+    led, out, received = Ledger.open(root), [], {}
+    for e in led.envelopes:
+        arrays = led.payload(e).arrays
+        if e.sender == "server":
+            received.setdefault((e.run, e.receiver), {}).update(arrays)
+        elif e.kind in UPDATE_KINDS:
+            out.append((e, arrays, dict(received.get((e.run, e.sender), {}))))
+    return out
+
+
+def test_every_method_uploads_clipped_updates_plus_noise_of_the_configured_scale(run_toml):
+    text = BASE.format(seed=0) + f"[privacy.client]\nclip = {CLIP}\nnoise_multiplier = {SIGMA}\n"
+    text += "".join(f'[[methods]]\nname = "{m}"\n' + ("acquire_epochs = 1\n" if m == "csac" else "") for m in METHODS)
+    root = run_toml(text)
+    ups, count, norms = updates(root), {}, {m: [] for m in METHODS}
+    for e, arrays, received in ups:
+        n = count[(e.run, e.sender, e.round, e.kind)] = count.get((e.run, e.sender, e.round, e.kind), -1) + 1
+        ev = [f for f in e.filters if f["mechanism"] == "client_dp"]
+        assert len(ev) == 1 and ev[0]["mode"] == "local" and ev[0]["clip"] == CLIP
+        floats = {k: v.double() for k, v in arrays.items() if v.is_floating_point()}
+        ref = {k: received.get(k, received.get(f"{e.sender}/{k}")) for k in floats}
+        upd = torch.cat([(v - (0 if ref[k] is None else ref[k].double())).flatten() for k, v in floats.items()])
+        z = noise(e.run, e.sender, e.round, e.kind, n, len(upd)) * SIGMA * CLIP   # the filter's seeded noise
+        clipped = upd - z
+        norms[e.method].append(clipped.norm().item())
+        assert clipped.norm() <= CLIP * 1.01, (e.method, e.kind, clipped.norm())   # the update was clipped to C
+        assert upd.std().item() == pytest.approx(SIGMA * CLIP, rel=0.1)          # and carries sigma * C noise
+        for k, v in arrays.items():   # non-float arrays go out as received
+            if not v.is_floating_point() and ref.get(k) is not None:
+                assert torch.equal(v, ref[k])
+    assert set(norms) == set(METHODS) and all(norms.values())
+    for m, ns in norms.items():      # updates are large here: clipping is active (norm = C) for every method
+        assert max(ns) == pytest.approx(CLIP, rel=0.01), m
+    rows = [r for r in read_csv(root / "privacy.csv") if r["mechanism"] == "client_dp"]
+    assert {r["run"].split("/")[1] for r in rows} == set(METHODS)
+    assert all(r["adjacency"].startswith("one client") for r in rows)
+
+
+def test_client_accountant_equals_a_standalone_opacus_accountant(run_toml):
+    text = BASE.format(seed=0).replace("rounds = 2", "rounds = 3") + \
+        f"[privacy.client]\nclip = 1.0\nnoise_multiplier = {SIGMA}\n" + \
+        '[[methods]]\nname = "fedavg"\n[[methods]]\nname = "copa"\n'
+    rows = read_csv(run_toml(text) / "privacy.csv")
+    from opacus.accountants import RDPAccountant
+    for method, per_round in (("fedavg", 1), ("copa", 2)):      # COPA releases trunk and head every round
+        mine = [r for r in rows if f"/{method}/" in r["run"] and r["party"] == "rot15"]
+        assert [int(r["round"]) for r in mine] == [1, 2, 3]
+        for r in mine:
+            acc = RDPAccountant()
+            for _ in range(int(r["round"]) * per_round):
+                acc.step(noise_multiplier=SIGMA, sample_rate=1.0)
+            assert float(r["epsilon"]) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+
+
+def test_target_epsilon_calibrates_sigma_with_opacus(run_toml):
+    text = BASE.format(seed=0) + "[privacy.client]\nclip = 1.0\ntarget_epsilon = 4.0\n" + \
+        '[[methods]]\nname = "csac"\nacquire_epochs = 1\n'
+    rows = [r for r in read_csv(run_toml(text) / "privacy.csv") if r["round"] == "2"]
+    sigma = calibrate(4.0, 1e-5, 1.0, 3, "rdp")
+    assert rows and all(float(r["noise_multiplier"]) == pytest.approx(sigma) for r in rows)
+    assert all(float(r["epsilon"]) == pytest.approx(4.0, abs=0.05) for r in rows)   # acquisition + 2 rounds
+
+
+def test_central_mode_noise_and_refusal(run_toml):
+    text = BASE.format(seed=0) + "[privacy.client]\nclip = 0.05\nnoise_multiplier = 0.7\nmode = \"central\"\n"
+    with pytest.raises(UserError, match="uniform mean"):
+        run_toml(text + '[[methods]]\nname = "csac"\n', name="a")
+    root = run_toml(text + '[[methods]]\nname = "fedavg"\nweighting = "uniform"\n', name="b")
+    for e, arrays, received in updates(root):
+        upd = torch.cat([(v.double() - received[k].double()).flatten() for k, v in arrays.items()])
+        assert e.filters[0]["mode"] == "central"
+        assert upd.std().item() == pytest.approx(0.7 * 0.05 / math.sqrt(3), rel=0.1)   # sigma C / sqrt(K), K = 3
+
+
+def test_same_ledger_in_both_engines_with_client_dp(run_toml):
+    text = BASE.format(seed=0) + "[privacy.client]\nclip = 0.05\nnoise_multiplier = 0.7\n[privacy.artifacts]\n" \
+        'n_samples = { rows = "count", clip = 1.0, noise_multiplier = 3.0 }\n[[methods]]\nname = "fedavg"\n'
+    text = text.replace(', "rot45"', "")     # two client processes are enough
+    a, b = run_toml(text, name="a"), run_toml(text, 'engine="process"', name="b")
+    assert [e.sha256 for e in Ledger.open(a).envelopes] == [e.sha256 for e in Ledger.open(b).envelopes]
+    led = Ledger.open(a)
+    counts = [led.payload(e).scalars["n"] for e in led.select(kind="n_samples")]
+    assert counts and all(isinstance(n, int) and n >= 1 for n in counts) and len(set(counts)) > 1   # noised
+    rows = read_csv(a / "privacy.csv")
+    assert {r["adjacency"] for r in rows if r["mechanism"] == "gaussian_rows:n_samples"} == \
+        {"one example (add/remove: the count moves by 1)"}
+    total = [r for r in rows if r["mechanism"] == "total" and r["party"] == "rot15" and r["round"] == "2"]
+    acc = new_accountant("rdp")
+    acc.history = [(3.0, 1.0, 1), (0.35, 1.0, 2)]     # the count, and client_dp at sigma / 2 (example level)
+    assert len(total) == 1 and float(total[0]["epsilon"]) == pytest.approx(epsilon(acc, 1e-5), rel=1e-6)
+
+
+AUDIT = BASE.replace("per_domain = 24", "per_domain = 16").replace("rounds = 2", "rounds = 1") + """
+[privacy.client]
+clip = 0.5
+noise_multiplier = {sigma}
+[privacy.audit]
+update_canaries = 256
+[[methods]]
+name = "fedavg"
+[[attacks]]
+name = "dp_audit_client"
+canaries = 256
+"""
+
+
+def test_client_audit_bound_below_accountant_and_positive_without_noise(run_toml):
+    from conftest import leakage_rows
+    for seed in (0, 1, 2):
+        root = run_toml(AUDIT.format(seed=seed, sigma=1.0), name=f"s{seed}")
+        lb = leakage_rows(root, metric="eps_lb_one_run")
+        theory = leakage_rows(root, metric="eps_theory")
+        assert len(lb) == 3 and len(theory) == 3
+        for a, t in zip(lb, theory):
+            assert 0.0 <= float(a["value"]) <= float(t["value"]) < math.inf
+    root = run_toml(AUDIT.format(seed=0, sigma=0.0), name="clean")
+    lb = [float(r["value"]) for r in leakage_rows(root, metric="eps_lb_one_run")]
+    assert len(lb) == 3 and min(lb) > 2.0                    # every canary found: the one-run maximum for 256
+    assert all(math.isinf(float(r["value"])) for r in leakage_rows(root, metric="eps_theory"))
+    member = np.load(root / "truth" / "rotated/fedavg/rot0/s0" / "rot15" / "update_canaries.npz")["member"]
+    assert len(member) == 256 and 90 < member.sum() < 166
