@@ -119,6 +119,7 @@ class Bus:
         self.filters = filters or {}
         self.round, self.seq = 0, 0
         self.sent: dict[int, int] = {}   # wire bytes per round
+        self._last = None                # (bytes, header, sha256) of the last recorded payload
 
     def encode_from(self, sender: str, kind: str, arrays: dict, scalars: dict | None = None) -> tuple[bytes, list]:
         """Apply the sender's filters and encode; used where the sender lives (maybe another process)."""
@@ -133,17 +134,21 @@ class Bus:
                 events.append(ev)
         return encode(arrays, scalars), events
 
-    def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=()) -> Payload:
-        """Record already-encoded bytes as one envelope and return the receiver's decoded copy."""
-        header, _ = decode_header(data)
-        digest = hashlib.sha256(data).hexdigest()
+    def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=(),
+               deliver: bool = True) -> Payload | None:
+        """Record already-encoded bytes as one envelope and return the receiver's decoded copy (None when not
+        ``deliver``: the engine delivers the bytes itself). The same bytes object sent again (a broadcast) is
+        hashed and its header parsed once."""
+        if self._last is None or self._last[0] is not data:
+            self._last = (data, decode_header(data)[0], hashlib.sha256(data).hexdigest())
+        _, header, digest = self._last
         env = Envelope(self.run, self.method, self.round, phase, self.seq, sender, receiver, kind,
                        [{k: m[k] for k in ("name", "dtype", "shape")} for m in header["arrays"]],
                        sorted(header["scalars"]), len(data), digest, list(events))
         self.seq += 1
         self.sent[self.round] = self.sent.get(self.round, 0) + len(data)
         self.ledger.append(env, data)
-        return decode(data)
+        return decode(data) if deliver else None
 
     def send(self, phase: str, sender: str, receiver: str, kind: str, arrays: dict,
              scalars: dict | None = None) -> Payload:
