@@ -1,6 +1,7 @@
 """Types and helpers every loader shares: Split, Domain, DomainSet, DataConfig, the train/val split."""
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,8 +66,8 @@ class DomainSet:
         key = (domain, self.clients_per_domain, self.client_alpha, self.split_seed)
         cache = self.__dict__.setdefault("_clients", {})
         if key not in cache:
-            cache[key] = split_clients(d, self.clients_per_domain, self.client_alpha,
-                                       [self.split_seed, 3000 + self.names.index(domain)])
+            seed = [self.split_seed, 3000, zlib.crc32(domain.encode())]   # by name: same in a domain subset
+            cache[key] = split_clients(d, self.clients_per_domain, self.client_alpha, seed)
         return cache[key]
 
     def domain_of(self, client: str) -> str:
