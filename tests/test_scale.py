@@ -145,3 +145,32 @@ def test_ray_engine_ledger_equals_in_process(data):
     assert len(local) > 20 and local == remote and a["history"] == b["history"]
     digest = hashlib.sha256(repr(local).encode()).hexdigest()
     assert digest == hashlib.sha256(repr(remote).encode()).hexdigest()
+
+
+def test_attacks_score_many_client_victims(run_toml):
+    import csv
+    root = run_toml("""
+        name = "many"
+        report = false
+        [data]
+        dataset = "digits"
+        domains = ["rot0", "rot15", "rot30"]
+        targets = ["rot0"]
+        clients_per_domain = 3
+        [train]
+        rounds = 2
+        lr = 0.05
+        local_steps = 2
+        [[methods]]
+        name = "fedavg"
+        [[attacks]]
+        name = "mia_loss"
+        [[attacks]]
+        name = "label_distribution"
+    """)
+    rows = list(csv.DictReader(open(root / "leakage.csv")))
+    clients = {f"rot{a}/{k}" for a in (15, 30) for k in range(3)}
+    loss = [r for r in rows if r["attack"] == "mia_loss" and r["metric"] == "auc"]
+    assert {r["victim"] for r in loss} == clients | {"pooled"} and all(r["status"] == "ok" for r in loss)
+    labels = {r["victim"] for r in rows if r["attack"] == "label_distribution" and r["status"] == "ok"}
+    assert clients <= labels, labels
