@@ -39,8 +39,28 @@ def _as_numpy(v) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
 
 
+def _on_device(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type != "cpu"
+
+
+def _to_host(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Tensors on an accelerator come to the host in one copy (one synchronisation), not one per tensor."""
+    dev = [k for k, v in arrays.items() if _on_device(v)]
+    if len(dev) < 2:
+        return arrays
+    ts = [arrays[k].detach().contiguous() for k in dev]
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in ts]).cpu().numpy()
+    out, off = dict(arrays), 0
+    for k, t in zip(dev, ts):
+        n = t.numel() * t.element_size()
+        out[k] = flat[off:off + n].view(torch.empty(0, dtype=t.dtype).numpy().dtype).reshape(tuple(t.shape))
+        off += n
+    return out
+
+
 def encode(arrays: dict[str, Any], scalars: dict[str, Any] | None = None) -> bytes:
     """Encode named arrays (tensors or ndarrays) and JSON scalars into FDG1 bytes."""
+    arrays = _to_host(arrays)
     metas, blobs, offset = [], [], 0
     for name, v in arrays.items():
         a = _as_numpy(v)

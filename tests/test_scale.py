@@ -174,3 +174,14 @@ def test_attacks_score_many_client_victims(run_toml):
     assert {r["victim"] for r in loss} == clients | {"pooled"} and all(r["status"] == "ok" for r in loss)
     labels = {r["victim"] for r in rows if r["attack"] == "label_distribution" and r["status"] == "ok"}
     assert clients <= labels, labels
+
+
+def test_encode_brings_device_tensors_to_the_host_in_one_copy(monkeypatch):
+    import fdg_audit.bus as bus
+    arrays = {"w": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.uint8), "d": torch.randn(2).double(),
+              "i": torch.tensor(3), "n": np.ones(2)}
+    want = bus.encode(arrays, {"s": 1})
+    monkeypatch.setattr(bus, "_on_device", lambda v: isinstance(v, torch.Tensor))   # treat CPU as a device
+    assert bus.encode(arrays, {"s": 1}) == want
+    assert {k: v.dtype for k, v in bus._to_host(arrays).items() if k != "n"} == \
+        {"w": np.float32, "b": np.uint8, "d": np.float64, "i": np.int64}
