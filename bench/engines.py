@@ -113,7 +113,7 @@ def flower(data, rounds) -> float:
     fl.simulation.start_simulation(client_fn=lambda cid: Client(int(cid)).to_client(), num_clients=len(sources),
                                    config=fl.server.ServerConfig(num_rounds=rounds), strategy=strategy,
                                    client_resources={"num_cpus": 1}, keep_initialised=True,
-                                   ray_init_args={"num_cpus": 2, "include_dashboard": False,
+                                   ray_init_args={"num_cpus": 2, "include_dashboard": False, "ignore_reinit_error": True,
                                                   "_node_ip_address": "127.0.0.1"})
     return time.perf_counter() - t0
 

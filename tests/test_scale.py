@@ -132,9 +132,10 @@ def test_vmap_cohort_in_a_federation(data):
         run(data, cohort="gpu")
 
 
-def test_ray_engine_ledger_equals_in_process(data):
+def test_ray_engine_ledger_equals_in_process(data, monkeypatch):
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'fdg_audit[ray]' to test the Ray engine")
     import ray
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")   # local, loopback only, no dashboard
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
