@@ -403,11 +403,11 @@ class ProcessLink(_Link):
 @torch.no_grad()
 def accuracy(model, split: Split, device, batch: int = 512) -> float:
     model.eval()
-    correct = 0
+    correct = torch.zeros((), dtype=torch.long, device=device)   # one host sync per evaluation, not per batch
     for i in range(0, len(split.y), batch):
         x, y = split.x[i:i + batch].to(device), split.y[i:i + batch].to(device)
-        correct += (model(x).argmax(1) == y).sum().item()
-    return correct / max(1, len(split.y))
+        correct += (model(x).argmax(1) == y).sum()
+    return correct.item() / max(1, len(split.y))
 
 
 def _cat(splits: list[Split]) -> Split:
@@ -503,7 +503,8 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
         raise ValueError(f"unknown engine {spec.engine!r}")
     try:
         server = method.Server(dict(base, id="server", party=0, clients=cids, link=link))
-        val, tgt = _cat([d.val for d in sources]), _cat([target.train, target.val])
+        val, tgt = (Split(s.x.to(spec.device), s.y.to(spec.device), s.idx)   # evaluation data stays on the device
+                    for s in (_cat([d.val for d in sources]), _cat([target.train, target.val])))
         history = []
         for t in range(0, spec.params.rounds + 1):
             bus.round = server.round = t
