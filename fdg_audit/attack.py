@@ -304,16 +304,22 @@ def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
         half = len(d.val.y) // 2
         if "domain_samples" in need:
             aux.domain_samples[d.name] = Split(d.val.x[half:], d.val.y[half:], d.val.idx[half:])
-        if "candidates" in need:
-            n = min(half, len(d.train.y))
-            mi = rng.choice(len(d.train.y), n, replace=False)
-            x = torch.cat([d.train.x[mi], d.val.x[:n]])
-            y = torch.cat([d.train.y[mi], d.val.y[:n]])
+        for c in data.clients(d.name):   # one victim per client (the domain itself with one client per domain)
+            if c is not d and "domain_samples" in need:
+                aux.domain_samples[c.name] = aux.domain_samples[d.name]
+            if "candidates" not in need:
+                continue
+            # non-members come from the first half of the domain's val split (the second half is public)
+            out = np.flatnonzero(np.isin(c.val.idx, d.val.idx[:half]))
+            n = min(len(out), len(c.train.y))
+            mi = rng.choice(len(c.train.y), n, replace=False)
+            x = torch.cat([c.train.x[mi], c.val.x[out[:n]]])
+            y = torch.cat([c.train.y[mi], c.val.y[out[:n]]])
             lab = np.r_[np.ones(n), np.zeros(n)]
             p = rng.permutation(2 * n)
             # ids are positions in the pool: global image ids would reveal the train/val split (membership)
-            aux.candidates[d.name] = Split(x[p], y[p], np.arange(2 * n))
-            members[d.name] = lab[p]
+            aux.candidates[c.name] = Split(x[p], y[p], np.arange(2 * n))
+            members[c.name] = lab[p]
     return aux, members
 
 

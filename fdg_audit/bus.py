@@ -39,8 +39,28 @@ def _as_numpy(v) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<")) if a.dtype.byteorder == ">" else a
 
 
+def _on_device(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type != "cpu"
+
+
+def _to_host(arrays: dict[str, Any]) -> dict[str, Any]:
+    """Tensors on an accelerator come to the host in one copy (one synchronisation), not one per tensor."""
+    dev = [k for k, v in arrays.items() if _on_device(v)]
+    if len(dev) < 2:
+        return arrays
+    ts = [arrays[k].detach().contiguous() for k in dev]
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in ts]).cpu().numpy()
+    out, off = dict(arrays), 0
+    for k, t in zip(dev, ts):
+        n = t.numel() * t.element_size()
+        out[k] = flat[off:off + n].view(torch.empty(0, dtype=t.dtype).numpy().dtype).reshape(tuple(t.shape))
+        off += n
+    return out
+
+
 def encode(arrays: dict[str, Any], scalars: dict[str, Any] | None = None) -> bytes:
     """Encode named arrays (tensors or ndarrays) and JSON scalars into FDG1 bytes."""
+    arrays = _to_host(arrays)
     metas, blobs, offset = [], [], 0
     for name, v in arrays.items():
         a = _as_numpy(v)
@@ -121,6 +141,7 @@ class Bus:
         self.round, self.seq = 0, 0
         self.sent: dict[int, int] = {}   # wire bytes per round
         self.received: dict[str, dict] = {}   # party -> arrays it last received, by name (kept only with filters)
+        self._last = None                # (bytes, header, sha256) of the last recorded payload
 
     def encode_from(self, sender: str, kind: str, arrays: dict, scalars: dict | None = None) -> tuple[bytes, list]:
         """Apply the sender's filters and encode; used where the sender lives (maybe another process)."""
@@ -135,17 +156,21 @@ class Bus:
                 events.append(ev)
         return encode(arrays, scalars), events
 
-    def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=()) -> Payload:
-        """Record already-encoded bytes as one envelope and return the receiver's decoded copy."""
-        header, _ = decode_header(data)
-        digest = hashlib.sha256(data).hexdigest()
+    def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=(),
+               deliver: bool = True) -> Payload | None:
+        """Record already-encoded bytes as one envelope and return the receiver's decoded copy (None when not
+        ``deliver``: the engine delivers the bytes itself). The same bytes object sent again (a broadcast) is
+        hashed and its header parsed once."""
+        if self._last is None or self._last[0] is not data:
+            self._last = (data, decode_header(data)[0], hashlib.sha256(data).hexdigest())
+        _, header, digest = self._last
         env = Envelope(self.run, self.method, self.round, phase, self.seq, sender, receiver, kind,
                        [{k: m[k] for k in ("name", "dtype", "shape")} for m in header["arrays"]],
                        sorted(header["scalars"]), len(data), digest, list(events))
         self.seq += 1
         self.sent[self.round] = self.sent.get(self.round, 0) + len(data)
         self.ledger.append(env, data)
-        return decode(data)
+        return decode(data) if deliver else None
 
     def send(self, phase: str, sender: str, receiver: str, kind: str, arrays: dict,
              scalars: dict | None = None) -> Payload:

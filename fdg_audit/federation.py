@@ -1,9 +1,15 @@
-"""Parties, the round loop, seeding and the two engines (in-process and one process per client).
+"""Parties, the round loop, seeding and the engines (in-process, worker processes, Ray actors in ray_engine.py).
 
 A method is one class with three members: ``Params`` (a dataclass extending ``TrainParams``), ``Server`` and
 ``Client``. The server drives the protocol; a client answers messages with ``on_<phase>(msg) -> Reply|None``.
 Server and clients never hold references to each other: every exchange goes through the Bus, and in the
-``process`` engine each client lives in its own process and sees only the encoded bytes it is sent.
+``process`` and ``ray`` engines clients live in workers (each hosting some clients and loading only their data)
+and see only the encoded bytes they are sent.
+
+Many clients: ``data.clients_per_domain = N`` splits each source domain into clients "<domain>/<k>"
+(``DomainSet.clients``); ``participation = f`` asks a seeded sample of round(f * K) clients each training round
+(``Server.active``; the ledger's envelopes record who was asked). ``cohort = "vmap"`` trains the clients of one
+worker that support it (``Client.vmap_phase``) as one stacked model (fdg_audit.cohort); ``auto`` only on CUDA.
 
 Seeding: one ``numpy.random.SeedSequence`` per run (master seed + run id), then one child per
 (party, round, call). Before every call the engine reseeds the party's ``rng`` (numpy), ``gen`` (torch CPU
@@ -108,23 +114,39 @@ class Client(Party):
             self.truth_sink(self.id, name, {k: np.asarray(v.cpu() if torch.is_tensor(v) else v)
                                              for k, v in arrays.items()})
 
-    def batches(self, epochs: int | None = None, steps: int | None = None, split: Split | None = None
-                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Shuffled mini-batches (on the device) for ``steps`` steps, else ``epochs`` epochs (params by default)."""
-        p, split = self.params, split or self.train
-        n, b = len(split.y), min(self.params.batch_size, len(split.y))
+    def batch_indices(self, epochs: int | None = None, steps: int | None = None, n: int | None = None
+                      ) -> Iterator[torch.Tensor]:
+        """Shuffled mini-batch row indices (CPU) for ``steps`` steps, else ``epochs`` epochs (params by default)."""
+        p = self.params
+        n = len(self.train.y) if n is None else n
+        b = min(p.batch_size, n)
         steps = steps if steps is not None else (p.local_steps if epochs is None else 0)
         epochs = epochs if epochs is not None else p.local_epochs
         total = steps if steps else epochs * -(-n // b)
         done = 0
         while done < total:
-            perm = torch.randperm(n, generator=self.gen).to(split.x.device)
+            perm = torch.randperm(n, generator=self.gen)
             for i in range(0, n, b):
                 if done == total:
                     return
-                j = perm[i:i + b]
-                yield split.x[j], split.y[j]
+                yield perm[i:i + b]
                 done += 1
+
+    def batches(self, epochs: int | None = None, steps: int | None = None, split: Split | None = None
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Shuffled mini-batches (on the device) for ``steps`` steps, else ``epochs`` epochs (params by default)."""
+        split = split or self.train
+        for j in self.batch_indices(epochs, steps, len(split.y)):
+            j = j.to(split.x.device)
+            yield split.x[j], split.y[j]
+
+    # A client whose ``on_<vmap_phase>`` is "load the message, fit(self.model) with plain SGD/Adam, reply" may be
+    # trained in a cohort (fdg_audit.cohort): the engine calls vmap_begin(msg) on each, trains every
+    # client's ``model`` together, then vmap_end() on each. ``vmap_ok()`` says whether this instance qualifies.
+    vmap_phase: str | None = None
+
+    def vmap_ok(self) -> bool:
+        return False
 
     def fit(self, model: torch.nn.Module, loss_fn=None, opt=None, **kw) -> torch.nn.Module:
         """Local training: ``loss_fn(model, x, y) -> loss`` (default cross-entropy) over ``batches(**kw)``.
@@ -147,6 +169,7 @@ class Server(Party):
 
     def __init__(self, ctx: dict):
         self.clients: list[str] = ctx["clients"]
+        self.active: list[str] = list(self.clients)   # this round's participants (all unless participation < 1)
         self._link = ctx["link"]
         super().__init__(ctx)
         self.model = self.new_model()
@@ -170,13 +193,13 @@ class Server(Party):
                  to: list[str] | None = None) -> dict[str, Payload | None]:
         """Send ``payloads[c] = (arrays, scalars)`` to each client ``c`` (or nothing, a control signal that
         carries no data and is not recorded), let all clients work, and return their replies."""
-        to = list(payloads) if payloads is not None else (to or self.clients)
+        to = list(payloads) if payloads is not None else (to or self.active)
         return self._link.exchange(phase, self.id, kind, {c: payloads[c] if payloads else None for c in to})
 
     def broadcast(self, phase: str, kind: str, arrays: dict, scalars: dict | None = None,
                   to: list[str] | None = None) -> dict[str, Payload | None]:
         """The same payload to every client: one encoding, one envelope per receiver."""
-        return self._link.exchange(phase, self.id, kind, {c: (arrays, scalars) for c in (to or self.clients)},
+        return self._link.exchange(phase, self.id, kind, {c: (arrays, scalars) for c in (to or self.active)},
                                    same=True)
 
     def ask(self, phase: str, to: list[str] | None = None) -> dict[str, Payload | None]:
@@ -186,72 +209,127 @@ class Server(Party):
 # ---------------------------------------------------------------------------------------------- engines
 
 class _Link:
-    """Carries server->client messages and client replies through the bus. Subclasses place the clients."""
+    """Carries server->client messages and client replies through the bus. Subclasses place the clients and run
+    ``run(round, phase, {client: bytes|None}) -> {client: (kind, bytes, events)|None}``."""
 
     def __init__(self, bus: Bus):
         self.bus = bus
 
     def exchange(self, phase, sender, kind, payloads: dict, same: bool = False) -> dict[str, Payload | None]:
-        shared = None
+        shared, reqs = None, {}
         for c, pl in payloads.items():
             data, events = None, []
             if pl is not None:
                 if shared is None or not same:
                     shared = self.bus.encode_from(sender, kind, pl[0], pl[1])
                 data, events = shared
-                self.bus.record(phase, sender, c, kind, data, events)
-            self.start(c, self.bus.round, phase, data)
-        replies = {}
-        for c in payloads:
-            r = self.finish(c)
-            replies[c] = None if r is None else self.bus.record(phase, c, sender, r[0], r[1], r[2])
-        return replies
+                self.bus.record(phase, sender, c, kind, data, events, deliver=False)
+            reqs[c] = data
+        out = self.run(self.bus.round, phase, reqs)
+        return {c: None if out[c] is None else self.bus.record(phase, c, sender, *out[c]) for c in payloads}
 
 
-def _client_reply(client: Client, bus: Bus, rnd: int, phase: str, data: bytes | None):
-    from .bus import decode
-    client.round = bus.round = rnd
-    client.reseed()
-    msg = decode(data) if data is not None else None
-    if msg is not None and bus.filters:   # client-level DP measures updates from what the client last received
-        bus.received.setdefault(client.id, {}).update(msg.arrays)
-    r = client.handle(phase, msg)
-    if r is None:
-        return None
-    enc, events = bus.encode_from(client.id, r.kind, r.arrays, r.scalars)
-    events, client.events = client.events + events, []
-    return r.kind, enc, events
+class Host:
+    """Some clients of one run, in one place (the driver, a worker process or a Ray actor); answers requests.
+
+    A broadcast's bytes are decoded once per host. Clients that support it (``vmap_phase``) are trained as one
+    cohort when ``cohort`` is on."""
+
+    def __init__(self, clients: dict[str, Client], bus: Bus, cohort: bool = False):
+        self.clients, self.bus, self.cohort = clients, bus, cohort
+
+    def run(self, rnd: int, phase: str, reqs: dict[str, bytes | None]) -> dict[str, tuple | None]:
+        from .bus import decode
+        decoded, msgs = {}, {}
+        for c, data in reqs.items():
+            if data is not None and id(data) not in decoded:
+                decoded[id(data)] = decode(data)
+            msgs[c] = None if data is None else decoded[id(data)]
+            if msgs[c] is not None and self.bus.filters:   # client-level DP measures updates from what was received
+                self.bus.received.setdefault(c, {}).update(msgs[c].arrays)
+        group = [c for c in reqs if self.cohort and msgs[c] is not None and
+                 self.clients[c].vmap_phase == phase and self.clients[c].vmap_ok()]
+        out = {}
+        if len(group) > 1:
+            from .cohort import fit_cohort
+            cls = [self.clients[c] for c in group]
+            for cl in cls:
+                self._enter(cl, rnd)
+                cl.vmap_begin(msgs[cl.id])
+            fit_cohort(cls)
+            for cl in cls:
+                out[cl.id] = self._reply(cl, cl.vmap_end())
+        for c in reqs:
+            if c not in out:
+                cl = self.clients[c]
+                self._enter(cl, rnd)
+                out[c] = self._reply(cl, cl.handle(phase, msgs[c]))
+        return {c: out[c] for c in reqs}
+
+    def _enter(self, client: Client, rnd: int) -> None:
+        client.round = self.bus.round = rnd
+        client.reseed()
+
+    def _reply(self, client: Client, r: Reply | None):
+        if r is None:
+            return None
+        enc, events = self.bus.encode_from(client.id, r.kind, r.arrays, r.scalars)
+        events, client.events = client.events + events, []
+        return r.kind, enc, events
 
 
 class LocalLink(_Link):
-    def __init__(self, bus, clients: dict[str, Client]):
+    def __init__(self, bus, clients: dict[str, Client], cohort: bool = False):
         super().__init__(bus)
-        self.clients, self.pending = clients, {}
+        self.clients = clients
+        self.host = Host(clients, bus, cohort)
 
-    def start(self, c, rnd, phase, data):
-        self.pending[c] = _client_reply(self.clients[c], self.bus, rnd, phase, data)
-
-    def finish(self, c):
-        return self.pending.pop(c)
+    def run(self, rnd, phase, reqs):
+        return self.host.run(rnd, phase, reqs)
 
     def close(self):
         pass
 
 
+def build_host(spec: dict, truth_sink=None) -> Host:
+    """A worker's Host: loads only the domains its clients belong to, then builds those clients.
+    ``spec``: method, data_cfg, clients {id: party index}, threads, cohort, filters, plus the shared context."""
+    import dataclasses
+    torch.set_num_threads(spec["threads"])
+    from .plugins import load_method
+    method = load_method(spec["method"])
+    ctx = {k: v for k, v in spec.items() if k not in ("method", "data_cfg", "clients", "threads", "cohort")}
+    cfg = spec["data_cfg"]
+    if not cfg.label_skew:   # skewed splits are seeded by position in the full list: load every domain then
+        doms = list(dict.fromkeys(c.rpartition("/")[0] if "/" in c else c for c in spec["clients"]))
+        cfg = dataclasses.replace(cfg, domains=doms)
+    data = load_data(cfg)
+    clients = {c: method.Client(dict(ctx, id=c, party=i, domain=data.domain(c), truth_sink=truth_sink))
+               for c, i in spec["clients"].items()}
+    return Host(clients, Bus(None, ctx.get("run_id", ""), "", filters=ctx.get("filters")), spec["cohort"])
+
+
+class RemoteLink(_Link):
+    """A link to workers managed elsewhere (``ray_engine.RayWorkers``): anything with ``run`` and ``close``."""
+
+    def __init__(self, bus, workers):
+        super().__init__(bus)
+        self.workers = workers
+
+    def run(self, rnd, phase, reqs):
+        return self.workers.run(rnd, phase, reqs)
+
+    def close(self):
+        self.workers.close()
+
+
 def _worker(conn, spec):
-    """Entry point of a client process: builds the client from its spec, then answers messages."""
+    """Entry point of a worker process: builds its clients, then answers (round, phase, requests)."""
     try:
-        torch.set_num_threads(spec.pop("threads"))
-        from .plugins import load_method
-        method = load_method(spec.pop("method"))
-        ctx = dict(spec)
-        ctx["domain"] = load_data(ctx.pop("data_cfg")).domain(ctx.pop("domain_name"))
-        sink = ctx.pop("truth_fn")
-        ctx["truth_sink"] = (lambda cid, name, arrs: conn.send(("truth", cid, name, arrs))) if sink else None
-        client = method.Client(ctx)
-        bus = Bus(None, ctx.get("run_id", ""), "", filters=ctx.get("filters"))
+        sink = (lambda cid, name, arrs: conn.send(("truth", cid, name, arrs))) if spec.pop("truth_fn") else None
+        host = build_host(spec, sink)
         failure = None
-    except Exception as e:  # reported on the first message, with the client named by the parent
+    except Exception as e:  # reported on the first message, with the worker's clients named by the parent
         failure = f"could not start: {type(e).__name__}: {e}"
     while True:
         msg = conn.recv()
@@ -261,42 +339,58 @@ def _worker(conn, spec):
             conn.send(("error", failure))
             continue
         try:
-            conn.send(("reply", _client_reply(client, bus, *msg)))
+            conn.send(("reply", host.run(*msg)))
         except UserError as e:
             conn.send(("usererror", str(e)))
         except Exception as e:
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
+def assign(clients: list[str], workers: int) -> list[list[str]]:
+    """Clients in contiguous blocks over at most ``workers`` workers."""
+    return [list(b) for b in np.array_split(np.array(clients, dtype=object), min(workers, len(clients)))]
+
+
 class ProcessLink(_Link):
-    def __init__(self, bus, specs: dict[str, dict], truth_sink):
+    def __init__(self, bus, specs: list[dict], truth_sink):
         super().__init__(bus)
         ctx = mp.get_context("spawn")
-        self.conns, self.procs, self.truth_sink = {}, [], truth_sink
-        for c, spec in specs.items():
+        self.conns, self.procs, self.truth_sink, self.where = [], [], truth_sink, {}
+        for w, spec in enumerate(specs):
             a, b = ctx.Pipe()
             p = ctx.Process(target=_worker, args=(b, spec), daemon=True)
             p.start()
-            self.conns[c] = a
+            self.conns.append(a)
             self.procs.append(p)
+            self.where.update({c: w for c in spec["clients"]})
 
-    def start(self, c, rnd, phase, data):
-        self.conns[c].send((rnd, phase, data))
-
-    def finish(self, c):
-        while True:
-            tag, *rest = self.conns[c].recv()
-            if tag == "truth":
-                self.truth_sink(*rest)
-            elif tag == "error":
-                raise RuntimeError(f"client {c}: {rest[0]}")
-            elif tag == "usererror":
-                raise UserError(f"client {c}: {rest[0]}")
-            else:
-                return rest[0]
+    def run(self, rnd, phase, reqs):
+        busy = {}
+        for c, data in reqs.items():
+            busy.setdefault(self.where[c], {})[c] = data
+        for w, part in busy.items():
+            self.conns[w].send((rnd, phase, part))
+        out = {}
+        for w, part in busy.items():
+            while True:
+                try:
+                    tag, *rest = self.conns[w].recv()
+                except (EOFError, OSError):
+                    raise RuntimeError(f"worker of client(s) {', '.join(part)} died (out of memory?)") from None
+                if tag == "truth":
+                    self.truth_sink(*rest)
+                    continue
+                who = ", ".join(part)
+                if tag == "error":
+                    raise RuntimeError(f"client(s) {who}: {rest[0]}")
+                if tag == "usererror":
+                    raise UserError(f"client(s) {who}: {rest[0]}")
+                out.update(rest[0])
+                break
+        return {c: out[c] for c in reqs}
 
     def close(self):
-        for c in self.conns.values():
+        for c in self.conns:
             try:
                 c.send(None)
             except (BrokenPipeError, OSError):
@@ -312,11 +406,11 @@ class ProcessLink(_Link):
 @torch.no_grad()
 def accuracy(model, split: Split, device, batch: int = 512) -> float:
     model.eval()
-    correct = 0
+    correct = torch.zeros((), dtype=torch.long, device=device)   # one host sync per evaluation, not per batch
     for i in range(0, len(split.y), batch):
         x, y = split.x[i:i + batch].to(device), split.y[i:i + batch].to(device)
-        correct += (model(x).argmax(1) == y).sum().item()
-    return correct / max(1, len(split.y))
+        correct += (model(x).argmax(1) == y).sum()
+    return correct.item() / max(1, len(split.y))
 
 
 def _cat(splits: list[Split]) -> Split:
@@ -334,10 +428,30 @@ class RunSpec:
     target: str
     seed: int = 0
     device: str = "cpu"
-    engine: str = "local"       # local | process
+    engine: str = "local"       # local | process | ray
     threads: int = 1
     filters: dict | None = None
     privacy: Any = None         # fdg_audit.privacy.PrivacyConfig: DP-SGD, artifact filters, canaries
+    workers: int = 0            # process/ray: number of workers hosting the clients (0: one per CPU, at most K)
+    worker_threads: int = 1     # torch threads per worker (the local engine uses ``threads``)
+    ray: dict = field(default_factory=dict)   # ray engine: address, num_cpus / num_gpus per worker (ray_engine.py)
+
+
+def participants(seq: np.random.SeedSequence, clients: list[str], fraction: float, t: int) -> list[str]:
+    """The round's sample of round(fraction * K) clients (at least one), in client order, from the run's seed
+    sequence (its own stream, so the parties' random streams do not depend on the sampling)."""
+    if fraction >= 1.0:
+        return list(clients)
+    m = max(1, int(round(fraction * len(clients))))
+    rng = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(2 ** 31, t)))
+    return [clients[i] for i in np.sort(rng.choice(len(clients), m, replace=False))]
+
+
+def cohort_on(params) -> bool:
+    mode = getattr(params, "cohort", "loop")
+    if mode not in ("loop", "vmap", "auto"):
+        raise UserError(f"cohort = {mode!r}: use \"loop\", \"vmap\" or \"auto\" (vmap when CUDA is present)")
+    return mode == "vmap" or (mode == "auto" and torch.cuda.is_available())
 
 
 def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_round=None, truth_sink=None) -> dict:
@@ -363,29 +477,46 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     bus = Bus(ledger, spec.run_id, method.name, filters=filters)
     base = dict(params=spec.params, device=spec.device, model_cfg=spec.model_cfg, shape=shape, seedseq=seq,
                 privacy=spec.privacy, run_id=spec.run_id)
-    cids = [d.name for d in sources]
-    if spec.engine == "process":
-        specs = {d.name: dict(base, id=d.name, party=i + 1, method=spec.method, data_cfg=spec.data_cfg,
-                              domain_name=d.name, threads=spec.threads, filters=filters,
-                              truth_fn=truth_sink is not None)
-                 for i, d in enumerate(sources)}
-        link = ProcessLink(bus, specs, truth_sink)
+    parts = [c for d in sources for c in data.clients(d.name)]
+    cids = [c.name for c in parts]
+    fraction, cohort = float(getattr(spec.params, "participation", 1.0)), cohort_on(spec.params)
+    if not 0.0 < fraction <= 1.0:
+        raise UserError(f"participation = {fraction}: use a fraction in (0, 1], e.g. 0.1")
+    if fraction < 1.0 and not getattr(method, "partial_participation", False):
+        raise UserError(f"method {method.name} does not support participation < 1 (its server expects every client "
+                        f"each round): set participation = 1.0 or use fedavg")
+    if spec.engine in ("process", "ray"):
+        import os
+        blocks = assign(cids, spec.workers or os.cpu_count() or 1)
+        party = {c: i + 1 for i, c in enumerate(cids)}
+        specs = [dict(base, method=spec.method, data_cfg=spec.data_cfg, clients={c: party[c] for c in b},
+                      threads=spec.worker_threads, cohort=cohort, filters=filters, truth_fn=truth_sink is not None)
+                 for b in blocks]
+        if spec.engine == "process":
+            link = ProcessLink(bus, specs, truth_sink)
+        else:
+            from .ray_engine import RayWorkers
+            link = RemoteLink(bus, RayWorkers(specs, truth_sink, spec.ray, build_host))
     elif spec.engine == "local":
         clients = {}
-        for i, d in enumerate(sources):
+        for i, d in enumerate(parts):
             clients[d.name] = method.Client(dict(base, id=d.name, party=i + 1, domain=d, truth_sink=truth_sink))
-        link = LocalLink(bus, clients)
+        link = LocalLink(bus, clients, cohort)
     else:
         raise ValueError(f"unknown engine {spec.engine!r}")
     try:
         server = method.Server(dict(base, id="server", party=0, clients=cids, link=link))
-        val, tgt = _cat([d.val for d in sources]), _cat([target.train, target.val])
+        val, tgt = (Split(s.x.to(spec.device), s.y.to(spec.device), s.idx)   # evaluation data stays on the device
+                    for s in (_cat([d.val for d in sources]), _cat([target.train, target.val])))
         history = []
         for t in range(0, spec.params.rounds + 1):
             bus.round = server.round = t
             server.reseed()
+            server.active = cids if t == 0 else participants(seq, cids, fraction, t)
             server.begin() if t == 0 else server.step(t)
             row = {"round": t, "bytes": bus.sent.get(t, 0)}
+            if fraction < 1.0:
+                row["asked"] = len(server.active)
             if t > 0:
                 m = server.global_model()
                 row.update(source_val_acc=accuracy(m, val, spec.device), target_acc=accuracy(m, tgt, spec.device))

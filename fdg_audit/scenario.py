@@ -49,7 +49,7 @@ class Scenario:
     name: str = "scenario"
     seeds: list = field(default_factory=lambda: [0])
     device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
-    engine: str = "local"         # local | process (one process per client; same ledger)
+    engine: str = "local"         # local | process (worker processes) | ray (Ray actors); same ledger
     threads: int = 0              # torch threads; 0 = leave torch's default
     out: str = "runs"
     store: Any = "all"            # payload bytes kept: "all" | "none" | list of artifact kinds
@@ -143,8 +143,8 @@ def parse(raw: dict) -> Scenario:
     typed(TrainParams, sc.train, "train")
     sc.methods = _entries(MethodEntry, raw.get("methods") or [{"name": "fedavg"}], "methods")
     sc.attacks = _entries(AttackEntry, raw.get("attacks") or [], "attacks")
-    if sc.engine not in ("local", "process"):
-        raise UserError(f"engine = {sc.engine!r}: choose \"local\" or \"process\"")
+    if sc.engine not in ("local", "process", "ray"):
+        raise UserError(f"engine = {sc.engine!r}: choose \"local\", \"process\" or \"ray\" (pip install 'fdg_audit[ray]')")
     if not isinstance(sc.seeds, list) or not all(isinstance(s, int) for s in sc.seeds):
         raise UserError(f"seeds = {sc.seeds!r}: give a list of integers, e.g. seeds = [0, 1, 2]")
     return sc

@@ -3,6 +3,9 @@
 Protocol (methods.md §1): once, each client reports its training-set size n_k (artifact ``n_samples``).
 Each round the server broadcasts the full global state (parameters and buffers), each client trains
 locally and uploads its full state, and the server averages every key with p_k = n_k / sum n.
+With ``participation < 1`` only the round's sample is asked and p_k is renormalised over it (McMahan et al.'s
+client fraction C). Local training is plain SGD/Adam, so a cohort of clients may be trained as one stacked
+model (``cohort = "vmap"``, fdg_audit.cohort) when no subclass changes it and there is no DP-SGD.
 """
 from __future__ import annotations
 
@@ -39,8 +42,21 @@ class FedAvgClient(Client):
         self.fit(self.model)
 
     def on_train(self, msg):
-        load_arrays(self.model, msg.arrays)
+        self.vmap_begin(msg)
         self.local_update()
+        return self.vmap_end()
+
+    vmap_phase = "train"
+
+    def vmap_ok(self):
+        cls = type(self)
+        return (cls.local_update is FedAvgClient.local_update and cls.on_train is FedAvgClient.on_train
+                and self.privacy is None)
+
+    def vmap_begin(self, msg):
+        load_arrays(self.model, msg.arrays)
+
+    def vmap_end(self):
         return Reply("weights", state_arrays(self.model))
 
 
@@ -54,7 +70,10 @@ class FedAvgServer(Server):
 
     def aggregate(self, replies: dict) -> dict:
         cs = list(replies)
-        return weighted_average([replies[c].arrays for c in cs], [self.weights[c] for c in cs])
+        w = [self.weights[c] for c in cs]
+        if len(cs) < len(self.clients):   # partial participation: renormalise over the round's sample
+            w = [x / sum(w) for x in w]
+        return weighted_average([replies[c].arrays for c in cs], w)
 
     def step(self, t):
         replies = self.broadcast("train", "weights", state_arrays(self.model))
@@ -66,4 +85,5 @@ class FedAvg:
     Params = Params
     Server = FedAvgServer
     Client = FedAvgClient
+    partial_participation = True
     kinds = ("n_samples", "weights")

@@ -66,8 +66,8 @@ def test_bus_broadcast_records_one_envelope_per_receiver(tmp_path):
 
 
 def test_process_engine_ledger_equals_in_process(run_toml):
-    a = run_toml(TINY)
-    b = run_toml(TINY, "engine='process'")
+    a = run_toml(TINY, "threads=1")  # workers use one thread each: compare at the same thread count
+    b = run_toml(TINY, "engine='process'", "threads=1")
     assert len(keys(a)) > 0 and keys(a) == keys(b)
     sa, sb = (json.loads((r / "summary.json").read_text())["runs"][0] for r in (a, b))
     assert sa["target_acc"] == sb["target_acc"]

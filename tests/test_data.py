@@ -194,3 +194,22 @@ def test_fashion_mnist():
     assert [len(d.train.y) + len(d.val.y) for d in ds.domains] == [50, 50]
     assert float(ds.domain("rot0").train.x.mean()) > 0.1
     assert len(np.unique(all_ids(ds))) == 100 and all_ids(ds).max() < 70000
+
+
+@pytest.mark.skipif(not (Path(FASHION_MNIST_ROOT) / "t10k-labels-idx1-ubyte.gz").is_file(),
+                    reason="Debian package dataset-fashion-mnist not installed (apt-get install dataset-fashion-mnist)")
+def test_fashion_mnist_appearance_and_clients():
+    rot = load_data(DataConfig(dataset="idx", per_domain=60))
+    ds = load_data(DataConfig(dataset="idx", family="appearance", per_domain=60, clients_per_domain=4,
+                              client_alpha=0.5))
+    assert ds.names == ["grey", "colour", "inverted", "texture", "lowcontrast"] and ds.channels == 3
+    assert ds.name == "fashion-mnist-appearance"
+    grey, inv = ds.domain("grey").train.x, ds.domain("inverted").train.x
+    assert grey.shape[1:] == (3, 28, 28) and torch.equal(grey[:, 0], grey[:, 1])   # grey: the garment itself
+    assert float(grey.mean()) < 0.5 < float(inv.mean())                             # inverted: light background
+    assert np.array_equal(ds.domain("grey").train.idx, rot.domain("rot0").train.idx)  # same images per slot
+    clients = ds.clients("texture")
+    assert [c.name for c in clients] == [f"texture/{k}" for k in range(4)]
+    assert sum(len(c.train.y) for c in clients) == len(ds.domain("texture").train.y)
+    with pytest.raises(UserError, match="family"):
+        load_data(DataConfig(dataset="idx", family="nope"))

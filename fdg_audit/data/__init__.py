@@ -7,7 +7,7 @@ an id (``Split.idx``) that is unique within the DomainSet, so audits can tell me
 from __future__ import annotations
 
 from .base import (DATASETS, FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, Split, _validate,  # noqa: F401
-                   select_domains, skew_labels, split_domain)
+                   select_domains, skew_labels, split_clients, split_domain)
 
 
 def load_data(cfg: DataConfig) -> DomainSet:
@@ -22,7 +22,9 @@ def load_data(cfg: DataConfig) -> DomainSet:
     else:
         from .folders import load_folder_domains
         ds = load_folder_domains(cfg)
-    return skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
+    ds = skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
+    ds.clients_per_domain, ds.client_alpha, ds.split_seed = cfg.clients_per_domain, cfg.client_alpha, cfg.split_seed
+    return ds
 
 
 __all__ = ["DATASETS", "DataConfig", "Domain", "DomainSet", "Split", "load_data", "FASHION_MNIST_ROOT"]

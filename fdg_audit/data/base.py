@@ -1,6 +1,7 @@
 """Types and helpers every loader shares: Split, Domain, DomainSet, DataConfig, the train/val split."""
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,16 +40,39 @@ class DomainSet:
     num_classes: int
     channels: int
     size: int
+    clients_per_domain: int = 1   # each domain is split into this many clients "<domain>/<k>" (1: the domain itself)
+    client_alpha: float = 0.0     # 0: IID client split; > 0: Dirichlet(alpha) label skew across a domain's clients
+    split_seed: int = 0
 
     @property
     def names(self) -> list[str]:
         return [d.name for d in self.domains]
 
     def domain(self, name: str) -> Domain:
+        """A domain by name, or one client's part of it by client id ("rot15/3")."""
         for d in self.domains:
             if d.name == name:
                 return d
+        dom, _, k = name.rpartition("/")
+        if dom in self.names and k.isdigit() and int(k) < self.clients_per_domain:
+            return self.clients(dom)[int(k)]
         raise UserError(f"unknown domain {name!r} in dataset {self.name}: use one of {', '.join(self.names)}")
+
+    def clients(self, domain: str) -> list[Domain]:
+        """The clients of one domain (deterministic in split_seed); with one client per domain, the domain."""
+        d = next(d for d in self.domains if d.name == domain)
+        if self.clients_per_domain == 1:
+            return [d]
+        key = (domain, self.clients_per_domain, self.client_alpha, self.split_seed)
+        cache = self.__dict__.setdefault("_clients", {})
+        if key not in cache:
+            seed = [self.split_seed, 3000, zlib.crc32(domain.encode())]   # by name: same in a domain subset
+            cache[key] = split_clients(d, self.clients_per_domain, self.client_alpha, seed)
+        return cache[key]
+
+    def domain_of(self, client: str) -> str:
+        """The domain a client id belongs to."""
+        return client if client in self.names else client.rpartition("/")[0]
 
 
 @dataclass
@@ -62,6 +86,8 @@ class DataConfig:
     image_size: int = 28  # folder datasets are resized to this; digits/idx are always 28
     split_seed: int = 0
     label_skew: float = 0.0  # > 0: per-domain class proportions of the TRAIN splits ~ Dirichlet(label_skew); 0 = off
+    clients_per_domain: int = 1  # split each source domain into this many clients, named "<domain>/<k>"
+    client_alpha: float = 0.0    # 0: IID client split; > 0: class proportions across a domain's clients ~ Dirichlet
 
 
 def split_domain(name: str, x: torch.Tensor, y: np.ndarray, ids: np.ndarray, val_fraction: float, seed) -> Domain:
@@ -111,6 +137,12 @@ def _validate(cfg: DataConfig) -> None:
     if not isinstance(cfg.label_skew, (int, float)) or cfg.label_skew < 0:
         raise UserError(f"data.label_skew = {cfg.label_skew!r} is invalid: use 0 (off) or a Dirichlet concentration "
                         f"> 0, e.g. 0.5 (smaller = more skewed, some classes absent)")
+    if not isinstance(cfg.clients_per_domain, int) or isinstance(cfg.clients_per_domain, bool) \
+            or cfg.clients_per_domain < 1:
+        raise UserError(f"data.clients_per_domain = {cfg.clients_per_domain!r} is invalid: use an integer >= 1")
+    if not isinstance(cfg.client_alpha, (int, float)) or cfg.client_alpha < 0:
+        raise UserError(f"data.client_alpha = {cfg.client_alpha!r} is invalid: use 0 (IID clients) or a Dirichlet "
+                        f"concentration > 0, e.g. 0.5 (smaller = more label skew between clients)")
     if isinstance(cfg.domains, str):
         raise UserError(f"data.domains = {cfg.domains!r} is a string: write a list, e.g. [\"rot0\", \"rot15\"]")
 
@@ -131,3 +163,41 @@ def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
         sel = torch.as_tensor(np.flatnonzero(keep))
         out.append(Domain(d.name, Split(d.train.x[sel].contiguous(), d.train.y[sel], d.train.idx[sel.numpy()]), d.val))
     return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size)
+
+
+def _cut(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.sort(c) for c in np.array_split(rng.permutation(n), parts)]
+
+
+def split_clients(d: Domain, n: int, alpha: float, seed) -> list[Domain]:
+    """Split a domain into n clients "<name>/<k>": the validation split IID; the training split IID (alpha = 0) or
+    with per-class client proportions ~ Dirichlet(alpha) (Hsu et al. 2019), redrawn until every client holds an
+    image (UserError after 100 tries)."""
+    rng = np.random.default_rng(seed)
+    y = d.train.y.numpy()
+    if n > len(y) or n > max(1, len(d.val.y)):
+        raise UserError(f"domain {d.name} has {len(y)} training / {len(d.val.y)} validation images, too few for "
+                        f"{n} clients: lower data.clients_per_domain or raise data.per_domain")
+    if not alpha:
+        train = _cut(len(y), n, rng)
+    else:
+        for _ in range(100):
+            parts = [[] for _ in range(n)]
+            for c in np.unique(y):
+                members = rng.permutation(np.flatnonzero(y == c))
+                cuts = (np.cumsum(rng.dirichlet(np.full(n, float(alpha))))[:-1] * len(members)).astype(int)
+                for k, m in enumerate(np.split(members, cuts)):
+                    parts[k].append(m)
+            train = [np.sort(np.concatenate(p)) for p in parts]
+            if min(map(len, train)) > 0:
+                break
+        else:
+            raise UserError(f"data.client_alpha = {alpha} leaves a client of {d.name} without images in 100 draws: "
+                            f"raise data.client_alpha or lower data.clients_per_domain")
+    val = _cut(len(d.val.y), n, rng)
+
+    def sub(s: Split, sel: np.ndarray) -> Split:
+        t = torch.as_tensor(sel, dtype=torch.long)
+        return Split(s.x[t].contiguous(), s.y[t], s.idx[sel])
+
+    return [Domain(f"{d.name}/{k}", sub(d.train, train[k]), sub(d.val, val[k])) for k in range(n)]

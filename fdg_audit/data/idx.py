@@ -1,7 +1,8 @@
-"""MNIST-style IDX files (gzipped or not) as rotated domains (Rotated-MNIST / Rotated-Fashion-MNIST).
+"""MNIST-style IDX files (gzipped or not) as domains: "rotated" (Rotated-MNIST / Rotated-Fashion-MNIST) or
+"appearance" (the five colour/texture/contrast styles of the digits' appearance family, 3 channels).
 
-train and t10k are concatenated; image ids are row numbers in that concatenation (train first). Each of the six
-rotation domains gets a disjoint random subset of ``per_domain`` images (0 means 1000, to stay small).
+train and t10k are concatenated; image ids are row numbers in that concatenation (train first). Each domain
+gets a disjoint random subset of ``per_domain`` images (0 means 1000, to stay small).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from .base import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
-from .digits import ROTATED, partition, rotate
+from .digits import APPEARANCE, FAMILIES, ROTATED, appearance, partition, rotate
 from fdg_audit.errors import UserError
 
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -53,11 +54,11 @@ def find_idx(root: Path, base: str) -> Path:
 
 
 def load_idx_domains(cfg: DataConfig) -> DomainSet:
-    """Rotated domains from the IDX files in cfg.root (empty root = Debian's Fashion-MNIST folder)."""
-    if cfg.family != "rotated":
-        raise UserError(f"unknown data.family {cfg.family!r} for dataset idx: use rotated")
-    names = list(ROTATED)
-    wanted = select_domains(cfg, names, "idx/rotated")
+    """Rotated or appearance domains from the IDX files in cfg.root (empty root = Debian's Fashion-MNIST folder)."""
+    if cfg.family not in FAMILIES:
+        raise UserError(f"unknown data.family {cfg.family!r} for dataset idx: use one of {', '.join(FAMILIES)}")
+    names = FAMILIES[cfg.family]
+    wanted = select_domains(cfg, names, f"idx/{cfg.family}")
     root = Path(cfg.root or FASHION_MNIST_ROOT)
     paths = [find_idx(root, b) for b in FILES]
     tr_x, tr_y, te_x, te_y = (read_idx(p) for p in paths)
@@ -76,6 +77,10 @@ def load_idx_domains(cfg: DataConfig) -> DomainSet:
         i = names.index(name)
         ids = chunks[i]
         x = torch.as_tensor(images[ids].astype(np.float32) / scale).unsqueeze(1).clamp(0.0, 1.0)
-        x = rotate(x, ROTATED[name])
+        if cfg.family == "rotated":
+            x = rotate(x, ROTATED[name])
+        else:
+            x = appearance(x, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
         domains.append(split_domain(name, x, labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
-    return DomainSet(f"{root.name}-rotated", domains, int(labels.max()) + 1, 1, int(images.shape[1]))
+    return DomainSet(f"{root.name}-{cfg.family}", domains, int(labels.max()) + 1,
+                     1 if cfg.family == "rotated" else 3, int(images.shape[1]))
