@@ -45,10 +45,12 @@ def read_image(path: Path, size: int) -> np.ndarray:
     try:
         with Image.open(path) as im:
             if im.width * im.height > MAX_PIXELS:
-                raise UserError(f"image {path} claims {im.width}x{im.height} pixels (more than {MAX_PIXELS:,}, "
-                                "this reader's bound): remove or downscale that file")
+                raise UserError(f"image {path} claims too many pixels ({im.width}x{im.height}, more than this reader's "
+                                f"bound of {MAX_PIXELS:,}): remove or downscale that file")
             return np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR), dtype=np.uint8)
-    except (OSError, Image.DecompressionBombError, ValueError) as e:
+    except Image.DecompressionBombError as e:
+        raise UserError(f"image {path} claims too many pixels ({e}): remove or downscale that file") from None
+    except (OSError, ValueError) as e:
         raise UserError(f"image {path} could not be read ({e}): remove or replace that file") from None
 
 
