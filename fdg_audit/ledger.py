@@ -235,7 +235,9 @@ def run_status(root: Path) -> dict:
     hash chains and saved arrays are intact (one-line errors otherwise); ``torn``: the line a kill cut short."""
     root = Path(root)
     summary = read_summary(root)
-    led = open_verified(root, summary) if (root / "messages.jsonl").exists() else None
+    chained = all(r.get("chain_head") for r in summary["runs"] if r["status"] == "ok")
+    led = None if not (root / "messages.jsonl").exists() else open_verified(root, summary) if chained else \
+        Ledger.open(root)
     for f in sorted(root.glob("mia/*/*.npz")) + sorted(root.glob("recon/*/*.npz")):
         load_npz(f)
     manifest = read_json(root / "manifest.json", "run folder's manifest") if (root / "manifest.json").exists() else {}
@@ -245,7 +247,7 @@ def run_status(root: Path) -> dict:
     return dict(root=root, planned=planned, finished=[r for r in planned if seen.get(r) == "ok"],
                 failed=[r for r in planned if r in seen and seen[r] != "ok"],
                 missing=[r for r in planned if r not in seen], torn=led.torn if led is not None else 0,
-                source=manifest.get("source", "FILE"))
+                source=manifest.get("source", "FILE"), chained=chained)
 
 
 def status_lines(run_dirs) -> list[str]:
@@ -254,7 +256,8 @@ def status_lines(run_dirs) -> list[str]:
     for d in run_dirs:
         st = run_status(d)
         out.append(f"- `{st['root']}`: {len(st['planned'])} runs planned, {len(st['finished'])} finished, "
-                   f"{len(st['failed'])} failed, {len(st['missing'])} missing")
+                   f"{len(st['failed'])} failed, {len(st['missing'])} missing"
+                   + ("" if st["chained"] else " (no hash chain recorded: messages.jsonl not verified)"))
         if st["missing"] or st["torn"]:
             out.append(f"  - interrupted{' (torn last line ' + str(st['torn']) + ' of messages.jsonl)' if st['torn'] else ''}"
                        f"; missing: {', '.join(f'`{r}`' for r in st['missing']) or 'none'}; finish with "

@@ -109,6 +109,12 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     sc0 = runs[0]["sc"]
     attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
     check_attacks(attack_cfgs)
+    held_out = {r["target"] for r in runs}
+    for a in attack_cfgs:
+        if not isinstance(a.get("targets", []), list) or set(a.get("targets", [])) - held_out:
+            raise UserError(f"attacks.{a['label']}.targets = {a['targets']!r}: no run holds out "
+                            f"{sorted(set(a['targets']) - held_out) if isinstance(a['targets'], list) else a['targets']};"
+                            f" use held-out domains of this scenario ({', '.join(sorted(held_out))}) or []")
     if resume:
         root = Path(resume)
         done, rows_by, keep = _resume(root, runs)

@@ -7,7 +7,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import textwrap
 import zlib
 from pathlib import Path
 
@@ -17,27 +16,9 @@ import pytest
 import fdg_audit.runner as runner
 from fdg_audit.attack import Attack, Skipped, Scores, run_attacks
 from fdg_audit.cli import main
-from fdg_audit.errors import UserError
 
 HERE = __name__
-SCENARIO = """
-name = "tr"
-threads = 1
-report = false
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30", "rot45"]
-per_domain = 40
-targets = ["rot45"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 32
-[[methods]]
-name = "fedavg"
-"""
+from test_attack_framework import SCENARIO  # noqa: E402  (4 rotated-digit domains, 40 images each, 2 rounds)
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
 
@@ -45,7 +26,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1",
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     out = tmp_path_factory.mktemp("trust")
-    (out / "s.toml").write_text(SCENARIO)
+    (out / "s.toml").write_text(SCENARIO.replace('name = "fw"', 'name = "tr"'))
     return runner.run_scenario(str(out / "s.toml"), out=str(out / "runs"), quiet=True)
 
 
@@ -238,9 +219,6 @@ def _png(path: Path, w: int, h: int) -> None:
                      + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
 
 
-BASE = SCENARIO.replace('targets = ["rot45"]', 'targets = ["rot45"]\n#DATA')
-
-
 @pytest.mark.parametrize("change,needle", [
     (("rounds = 2", "rounds = 2.5"), "train.rounds = 2.5 has the wrong type: expected int"),
     (("threads = 1", "threads = 1\nseeds = [0, 0]"), "seeds = [0, 0] repeats a seed"),
@@ -252,6 +230,8 @@ BASE = SCENARIO.replace('targets = ["rot45"]', 'targets = ["rot45"]\n#DATA')
     (('name = "fedavg"', 'name = "fedavg"\n[[attacks]]\nname = "dataset_size"\nbogus = 1'),
      "unknown key attacks.dataset_size.bogus"),
     (("per_domain = 40", "per_domain = 40.5"), "datasets[0].per_domain = 40.5 has the wrong type"),
+    (('name = "fedavg"', 'name = "fedavg"\n[[attacks]]\nname = "dataset_size"\ntargets = ["rot99"]'),
+     "attacks.dataset_size.targets = ['rot99']: no run holds out ['rot99']"),
 ])
 def test_bad_scenarios_fail_before_any_work(tmp_path, capsys, change, needle):
     f = tmp_path / "bad.toml"
@@ -290,7 +270,7 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
     f = tmp_path / "two.toml"
     f.write_text(TWO)
     assert main(["scenario", str(f), "--out", str(tmp_path / "a"), "--quiet"]) == 0
-    (a,) = (tmp_path / "a" / "tr").iterdir()
+    (a,) = (tmp_path / "a" / "fw").iterdir()
     real, calls = runner.run_federation, []
 
     def killed(spec, ledger, data, on_round=None, truth_sink=None):   # Ctrl-C in round 2 of the second run
@@ -303,7 +283,7 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
     monkeypatch.setattr(runner, "run_federation", killed)
     err = one_line_error(capsys, ["scenario", str(f), "--out", str(tmp_path / "b"), "--quiet"],
                          "interrupted during run 2/2 (rotated/fedavg/rot30/s0): 1 of 2 runs finished in")
-    (b,) = (tmp_path / "b" / "tr").iterdir()
+    (b,) = (tmp_path / "b" / "fw").iterdir()
     assert err.endswith(f"resume with: python -m fdg_audit scenario {f} --resume {b}")
     assert "rot30" in (b / "messages.jsonl").read_text()                  # the killed run left partial lines
     with open(b / "messages.jsonl", "a") as fh:
