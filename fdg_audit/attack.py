@@ -31,10 +31,9 @@ import torch
 from . import metrics as M
 from .data import Split
 from .errors import UserError
-from .federation import load_arrays
-from .ledger import Ledger, atomic_write
-from .models import build_model
+from .ledger import atomic_write
 from .plugins import available, load_attack
+from .sandbox import AdversaryView, AttackFailed, Aux, Message, run_isolated, view_envelopes  # noqa: F401
 
 ADVERSARIES = ("server", "client", "eavesdropper")
 AUX = ("public", "domain_samples", "candidates")
@@ -162,77 +161,6 @@ class Attack:
 
 # ------------------------------------------------------------------------------------------- views
 
-@dataclass
-class Message:
-    env: Any
-    _ledger: Any
-
-    def __getattr__(self, k):
-        return getattr(self.env, k)
-
-    @property
-    def payload(self):
-        return self._ledger.payload(self.env)
-
-
-class AdversaryView:
-    """What one adversary observed in one run, plus the public protocol description (Kerckhoffs)."""
-
-    def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
-        self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
-        self.model_cfg, self.shape, self.device = run["model_cfg"], run["shape"], device
-        self.clients = list(run["clients"])
-        self.me = me
-        envs = ledger.select(run=self.run_id)
-        if adversary != "eavesdropper":
-            envs = [e for e in envs if me in (e.sender, e.receiver)]
-        self._msgs = [Message(e, ledger) for e in envs if ledger.stored(e)]   # payloads the run kept
-
-    def messages(self, **match) -> list[Message]:
-        """Observed messages whose envelope fields equal the given values (lists mean any of)."""
-        return [m for m in self._msgs if all(getattr(m.env, k) in v if isinstance(v, (list, tuple, set))
-                                             else getattr(m.env, k) == v for k, v in match.items())]
-
-    def kinds(self) -> set[str]:
-        return {m.kind for m in self._msgs}
-
-    @property
-    def protocol(self):
-        """The method's plugin class: its public protocol pieces (Kerckhoffs), e.g. a style function, a class code
-        or a generator architecture that the method exposes as class attributes. Attacks use this route, never the
-        method's module internals, so a third-party method can expose the same pieces."""
-        from .plugins import load_method
-        return load_method(self.method)
-
-    def new_model(self) -> torch.nn.Module:
-        """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
-        from types import SimpleNamespace
-        from .plugins import load_method
-        c, s, k = self.shape
-        m = load_method(self.method)
-        if hasattr(m, "build"):
-            party = SimpleNamespace(params=m.Params(**self.params), shape=(c, s, s, k), model_cfg=self.model_cfg,
-                                    device=self.device)
-            return m.build(party).to(self.device)
-        return build_model(self.model_cfg, c, k, s).to(self.device)
-
-    def model(self, arrays: dict) -> torch.nn.Module:
-        return load_arrays(self.new_model(), arrays).eval()
-
-
-@dataclass
-class Aux:
-    """Auxiliary knowledge the attack declared. ``public``: labelled images of the held-out domain (not a
-    victim's). ``domain_samples``: labelled public samples of each source domain, disjoint from all
-    training data. ``candidates[victim]``: a shuffled pool of that victim's members and non-members, with
-    class labels (membership withheld)."""
-    public: Split | None = None
-    domain_samples: dict = field(default_factory=dict)
-    candidates: dict = field(default_factory=dict)
-    num_classes: int = 0
-    domains: list = field(default_factory=list)
-
-
 def federate(method: str, params, model_cfg, clients: dict[str, tuple[Split, Split]], num_classes: int,
              seed: int = 0, device="cpu", run_id: str = "shadow") -> AdversaryView:
     """Run a protocol on data the attacker chose and return the server's view of that run.
@@ -284,8 +212,8 @@ class Truth:
         f = self.root / "truth" / self.run["run_id"] / victim / f"{name}.npz"
         if not f.exists():
             raise FileNotFoundError(f"no ground truth {f}")
-        with np.load(f) as z:
-            return dict(z)
+        from .ledger import load_npz
+        return load_npz(f)
 
 
 def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
@@ -390,9 +318,10 @@ LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack"
                "round", "victim", "output", "metric", "value", "baseline", "status"]
 
 
-def _runs(root: Path) -> dict[str, dict]:
+def _runs(root: Path, summary: dict | None = None) -> dict[str, dict]:
+    from .ledger import read_summary
     from .scenario import load_raw, plan
-    summary = json.loads((root / "summary.json").read_text())
+    summary = summary or read_summary(root)
     planned = {r["run_id"]: r for r in plan(load_raw(root / "config.resolved.toml"))}
     out = {}
     for s in summary["runs"]:
@@ -405,31 +334,68 @@ def _runs(root: Path) -> dict[str, dict]:
     return out
 
 
+OUTPUTS = {c.__name__: c for c in (Reconstruction, Scores, Predictions, Estimate, Audit, Skipped, Control)}
+
+
 def _make(cfg: dict, device):
+    """(label, attack instance, job spec for the worker) of one [[attacks]] entry, validated."""
     cfg = dict(cfg)
     name, label = cfg.pop("name"), cfg.pop("label", None) or None
     cls = load_attack(name)
     from .params import typed
     label = label or cls.name or name
-    return label, cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    atk = cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    if atk.adversary not in ADVERSARIES:
+        raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
+    if set(atk.aux) - set(AUX):
+        raise UserError(f"attack {label}: aux {sorted(set(atk.aux) - set(AUX))} unknown; use a subset of {AUX}")
+    return label, atk, dict(attack=name, label=label, params=cfg, device=str(device))
 
 
-def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
-    """Run attacks on every finished run of a run folder; write leakage.csv, controls and grids."""
+def check_attacks(attack_cfgs: list[dict]) -> None:
+    """Every attack loads and its parameters are valid (before any training)."""
+    for c in attack_cfgs:
+        _make(c, "cpu")
+
+
+def _controls(atk, job: dict, isolate: bool) -> list:
+    if not isolate:
+        return atk.control()
+    try:
+        return run_isolated(dict(job, mode="control"), OUTPUTS)["controls"]
+    except AttackFailed as e:
+        print(f"attack {job['label']}: control() failed: {e.detail or e}", file=sys.stderr)
+        return [Control(f"control() failed: {e}", "", float("nan"), float("nan"))]
+
+
+def _execute(atk, job: dict, ledger, envs: list, run: dict, me: str, aux, device, isolate: bool) -> list:
+    """Run one attack on one run: in a worker process that sees only the materialised view (default), or in
+    this process (``isolate=False``, debugging only: nothing is enforced there)."""
+    if not isolate:
+        return atk.run(AdversaryView(ledger, run, atk.adversary, me, device), aux)
+    proto = dict(run_id=run["run_id"], plugin=run["plugin"], params=run["params"], shape=list(run["shape"]),
+                 model_cfg=dataclasses.asdict(run["model_cfg"]), clients=list(run["clients"]))
+    job = dict(job, mode="run", run=proto, adversary=atk.adversary, me=me)
+    return run_isolated(job, OUTPUTS, ledger, envs, aux)["outputs"]
+
+
+def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: bool = True) -> Path:
+    """Run attacks on every finished run of a run folder; write leakage.csv, controls and grids.
+
+    ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.sandbox); False runs
+    it in this process, for debugging, with no boundary enforced."""
+    from .ledger import open_verified, read_summary
     from .params import resolve_device
     root = Path(root)
-    ledger = Ledger.open(root)
-    runs = _runs(root)
+    summary = read_summary(root)
+    ledger = open_verified(root, summary)
+    runs = _runs(root, summary)
     device = torch.device(resolve_device("auto"))
     attacks = [_make(c, device) for c in attack_cfgs]
     rows, controls = [], []
-    for label, atk in attacks:
-        if atk.adversary not in ADVERSARIES:
-            raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
-        if set(atk.aux) - set(AUX):
-            raise UserError(f"attack {label}: aux {sorted(set(atk.aux) - set(AUX))} unknown; use a subset of {AUX}")
+    for label, atk, job in attacks:
         ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
-        for c in atk.control():   # there is none) makes every number of this attack "not measurable"
+        for c in _controls(atk, job, isolate):   # there is none) makes every number of this attack "not measurable"
             ok &= c.passed
             controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
         for run_id, run in runs.items():
@@ -447,20 +413,22 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
             if atk.adversary == "client" and me not in run["clients"]:
                 rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
                 continue
-            view = AdversaryView(ledger, run, atk.adversary, me, device)
-            if not set(atk.consumes) & view.kinds():
+            envs = view_envelopes(ledger, run_id, atk.adversary, me)
+            if not set(atk.consumes) & {e.kind for e in envs if ledger.stored(e)}:
                 continue
             aux, members = build_aux(run, atk.aux, seed=run["seed"])
             truth = Truth(root, run)
             if not quiet and sys.stderr.isatty():
                 sys.stderr.write(f"\rattack {label} on {run_id} ...")
             try:
-                outs = atk.run(view, aux)
+                outs = _execute(atk, job, ledger, envs, run, me, aux, device, isolate)
             except UserError:
                 raise
             except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
-                print(f"attack {label} failed on {run_id}: {traceback.format_exc()}", file=sys.stderr)
-                rows.append(note("failed", f"failed: {type(e).__name__}: {e}"))
+                detail = e.detail if isinstance(e, AttackFailed) else traceback.format_exc()
+                print(f"attack {label} failed on {run_id}: {detail or e}", file=sys.stderr)
+                rows.append(note("failed", f"failed: {e}" if isinstance(e, AttackFailed) else
+                                 f"failed: {type(e).__name__}: {e}"))
                 continue
             for o in outs:
                 if isinstance(o, Skipped):
@@ -474,7 +442,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
                 rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
             _save_scores(root, label, run_id, outs, members)
     # re-running some attacks replaces their rows and controls and keeps every other attack's
-    labels = {label for label, _ in attacks}
+    labels = {label for label, _, _ in attacks}
     if (root / "leakage.csv").exists():
         with open(root / "leakage.csv", newline="") as f:
             rows = [r for r in csv.DictReader(f) if r["attack"] not in labels] + rows
@@ -529,16 +497,21 @@ def _write_rows(path: Path, rows: list[dict], fields: list[str]) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False) -> str:
+def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: bool = False,
+                    isolate: bool = True) -> str:
+    """``attack RUN_DIR``: plugins named by the folder load only if installed (or ``trust``); ``names`` are the
+    user's own choice (command line) and load from anywhere."""
+    from .ledger import read_summary
+    from .plugins import from_folder
     root = Path(run_dir)
-    if not (root / "summary.json").exists():
-        raise UserError(f"{root} has no summary.json: pass a run folder written by `fdg_audit scenario`")
-    if names:
-        cfgs = [{"name": n} for n in names]
-    else:
-        from .scenario import load_raw, parse
-        cfgs = [dict(name=a.name, label=a.label, **a.params)
-                for a in parse(load_raw(root / "config.resolved.toml")).attacks] or \
-            [{"name": n} for n in sorted(available("attack"))]
-    out = run_attacks(root, cfgs, quiet)
+    read_summary(root)
+    with from_folder(root, allow=names, trust=trust):
+        if names:
+            cfgs = [{"name": n} for n in names]
+        else:
+            from .scenario import load_raw, parse
+            cfgs = [dict(name=a.name, label=a.label, **a.params)
+                    for a in parse(load_raw(root / "config.resolved.toml")).attacks] or \
+                [{"name": n} for n in sorted(available("attack"))]
+        out = run_attacks(root, cfgs, quiet, isolate)
     return f"leakage: {out}"

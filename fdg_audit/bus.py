@@ -120,6 +120,8 @@ class Envelope:
     wire_bytes: int
     sha256: str
     filters: list[dict] = field(default_factory=list)
+    stored: bool = True           # payload bytes kept by the run's store/store_rounds policy (set by the ledger)
+    prev: str = ""                # sha256 of the previous messages.jsonl line of this run ("" = first): a hash chain
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

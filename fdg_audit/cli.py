@@ -15,6 +15,7 @@ class ScenarioArgs:
         args=["--set"], nargs="*", type=str, action="extend", help="overrides key=value, e.g. train.rounds=3"))
     out: str = field(default="", metadata=dict(help="output root (default: the scenario's `out`, runs/)"))
     quiet: bool = field(default=False, metadata=dict(help="no progress bars"))
+    resume: str = field(default="", metadata=dict(help="an interrupted run folder: skip its finished runs, run the rest"))
 
 
 @dataclass
@@ -23,6 +24,10 @@ class AttackArgs:
     attacks: List[str] = field(default_factory=list, metadata=dict(
         nargs="*", type=str, help="attack names (default: the scenario's [[attacks]], else every attack)"))
     quiet: bool = field(default=False, metadata=dict(help="no progress bars"))
+    trust_plugins: bool = field(default=False, metadata=dict(
+        help="import module:Class plugins the run folder names (only for folders you trust)"))
+    in_process: bool = field(default=False, metadata=dict(
+        help="run attacks inside this process (debugging: the view boundary is not enforced)"))
 
 
 @dataclass
@@ -32,8 +37,10 @@ class ReportArgs:
 
 
 USAGE = """usage: python -m fdg_audit COMMAND ...
-  scenario FILE [--set key=value ...]   run a scenario (train, record, attack, report)
-  attack RUN_DIR [--attacks NAME ...]   re-run attacks on a finished run folder
+  scenario FILE [--set key=value ...] [--resume RUN_DIR]
+                                        run a scenario (train, record, attack, report), or finish one
+  attack RUN_DIR [--attacks NAME ...] [--trust-plugins] [--in-process]
+                                        re-run attacks on a finished run folder
   report RUN_DIR [RUN_DIR ...]          aggregate run folders into report.md + plots
   plugins                               list methods and attacks and where they come from"""
 
@@ -66,13 +73,13 @@ def main(argv=None) -> int:
             a = ArgumentParser(ScenarioArgs, prog="fdg_audit scenario").parse_args(_fold(rest, "--set"))
             from .runner import run_scenario
             from .report import headline
-            root = run_scenario(a.file, a.set, a.out or None, a.quiet)
+            root = run_scenario(a.file, a.set, a.out or None, a.quiet, a.resume or None)
             print(headline(root))
             print(f"results: {root}")
         elif cmd == "attack":
             a = ArgumentParser(AttackArgs, prog="fdg_audit attack").parse_args(rest)
             from .attack import run_attacks_cli
-            print(run_attacks_cli(a.run_dir, a.attacks, a.quiet))
+            print(run_attacks_cli(a.run_dir, a.attacks, a.quiet, a.trust_plugins, not a.in_process))
         elif cmd == "report":
             a = ArgumentParser(ReportArgs, prog="fdg_audit report").parse_args(rest)
             from .report import write_report
@@ -85,6 +92,9 @@ def main(argv=None) -> int:
             return 2
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted; every file written so far is complete (outputs are written atomically)", file=sys.stderr)
         return 2
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)

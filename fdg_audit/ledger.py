@@ -3,16 +3,32 @@
 A payload is stored once under ``payloads/<sha[:2]>/<sha>`` however many envelopes carry it (a broadcast
 sends the same bytes to every receiver). ``Ledger.open(run_dir)`` re-reads a finished run folder, which is
 how attacks run again later.
+
+Tamper evidence: every envelope carries ``prev``, the sha256 of the previous ``messages.jsonl`` line of the same
+run (a hash chain per run), and ``summary.json`` records each finished run's last line hash (``chain_head``).
+``Ledger.verify`` finds a deleted, reordered, edited or foreign line and names the run and the line; a payload
+that is missing or edited is found when it is read. Each line is appended with one ``write`` call; a torn last
+line (a kill mid-write) is dropped on reading and reported as an interrupted run (``Ledger.torn``).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
 import json
 import os
+import zipfile
 from pathlib import Path
+
+import numpy as np
 
 from .bus import Envelope, Payload, decode
 from .errors import UserError
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Envelope)}
+_TYPES = {"run": str, "method": str, "round": int, "phase": str, "seq": int, "sender": str, "receiver": str,
+          "kind": str, "arrays": list, "scalars": list, "wire_bytes": int, "sha256": str, "filters": list,
+          "stored": bool, "prev": str}
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -24,6 +40,71 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+def line_hash(line: str | bytes) -> str:
+    return hashlib.sha256(line.encode() if isinstance(line, str) else line).hexdigest()
+
+
+def read_json(path: Path, what: str = "file"):
+    """A JSON file of a run folder; a damaged one is a one-line error naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({str(e).splitlines()[0]}): the {what} is damaged; restore it "
+                        "or re-run the scenario") from None
+
+
+def read_summary(root: Path) -> dict:
+    """``summary.json`` of a run folder, checked to be a {"runs": [{"run", "status", ...}]} table."""
+    f = Path(root) / "summary.json"
+    if not f.exists():
+        raise UserError(f"{Path(root)} has no summary.json: pass a run folder written by `fdg_audit scenario` "
+                        "(runs/<scenario>/<timestamp>)")
+    s = read_json(f, "run folder's summary")
+    if not (isinstance(s, dict) and isinstance(s.get("runs"), list) and all(
+            isinstance(r, dict) and isinstance(r.get("run"), str) and isinstance(r.get("status"), str)
+            for r in s["runs"])):
+        raise UserError(f"{f} is not a run summary (it needs a \"runs\" list of entries with \"run\" and \"status\"):"
+                        " the run folder is damaged; restore summary.json or re-run the scenario")
+    return s
+
+
+def load_npz(path: Path) -> dict:
+    """The arrays of an ``.npz`` file (no pickled objects); a damaged file is a one-line error naming it."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
+        raise UserError(f"{path} cannot be read as plain arrays ({str(e).splitlines()[0]}): the run folder is "
+                        "damaged; restore the file or re-run the scenario") from None
+
+
+def npz_bytes(arrays: dict) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def parse_envelope(line: bytes | str, where: str) -> Envelope:
+    """One ``messages.jsonl`` line as an Envelope; anything else is a one-line error naming ``where``."""
+    try:
+        d = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{where} is not valid JSON ({e}): the run folder is damaged; restore messages.jsonl or "
+                        "re-run the scenario") from None
+    if not isinstance(d, dict):
+        raise UserError(f"{where} is not an envelope (not a JSON object): the run folder is damaged; restore "
+                        "messages.jsonl or re-run the scenario")
+    missing = [k for k, f in _FIELDS.items() if k not in d and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    bad = [k for k in d if k not in _TYPES or not isinstance(d[k], _TYPES[k])
+           or _TYPES[k] is int and isinstance(d[k], bool)]
+    if missing or bad:
+        raise UserError(f"{where} is not an envelope ({'missing' if missing else 'bad'} field {(missing or bad)[0]!r}):"
+                        " the run folder is damaged; restore messages.jsonl or re-run the scenario")
+    return Envelope(**d)
+
+
 class Ledger:
     def __init__(self, root: str | Path, store: str | list[str] = "all", rounds: list[int] = ()):
         """``store``: "all", "none" or a list of artifact kinds whose payload bytes are kept; ``rounds``: if
@@ -32,53 +113,95 @@ class Ledger:
         self.root.mkdir(parents=True, exist_ok=True)
         self.store, self.rounds = store, list(rounds)
         self.envelopes: list[Envelope] = []
-        self._fh = None
+        self.lines: list[tuple[int, str]] = []       # (line number, line sha256) of each envelope
+        self.heads: dict[str, str] = {}               # run -> sha256 of its last line
+        self.torn = 0                                 # line number of a torn (dropped) last line, 0 = none
+        self._fd = None
 
     def _keep(self, env: Envelope) -> bool:
         kind_ok = self.store == "all" or (isinstance(self.store, list) and env.kind in self.store)
         return kind_ok and (not self.rounds or env.round in self.rounds)
 
     def stored(self, env: Envelope) -> bool:
-        return self.payload_path(env.sha256).exists()
+        return env.stored
 
     def payload_path(self, sha: str) -> Path:
         return self.root / "payloads" / sha[:2] / sha
 
     def append(self, env: Envelope, data: bytes) -> None:
-        if self._keep(env):
-            p = self.payload_path(env.sha256)
-            if not p.exists():
-                atomic_write(p, data)
-        if self._fh is None:
-            self._fh = open(self.root / "messages.jsonl", "a")
-        self._fh.write(env.to_json() + "\n")
-        self._fh.flush()
+        p = self.payload_path(env.sha256)
+        if self._keep(env) and not p.exists():
+            atomic_write(p, data)
+        env.stored, env.prev = p.exists(), self.heads.get(env.run, "")
+        line = env.to_json()
+        if self._fd is None:
+            self._fd = os.open(self.root / "messages.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._fd, (line + "\n").encode())      # one write: a kill leaves at most a torn last line
+        self.heads[env.run] = line_hash(line)
+        self.lines.append((len(self.lines) + 1, self.heads[env.run]))
         self.envelopes.append(env)
 
     def close(self) -> None:
-        if self._fh:
-            self._fh.close()
-            self._fh = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     @classmethod
-    def open(cls, run_dir: str | Path) -> "Ledger":
+    def open(cls, run_dir: str | Path, keep: set | None = None) -> "Ledger":
+        """Re-read a run folder's envelopes (``keep``: only these runs). A torn last line is dropped and its
+        number kept in ``torn``; any other line that is not an envelope is a one-line error."""
         run_dir = Path(run_dir)
         f = run_dir / "messages.jsonl"
         if not f.exists():
             raise UserError(f"{f} not found: pass a finished run folder (runs/<scenario>/<timestamp>)")
         led = cls.__new__(cls)
-        led.root, led.store, led._fh = run_dir, "all", None
-        led.envelopes = [Envelope(**json.loads(line)) for line in f.read_text().splitlines() if line.strip()]
+        led.root, led.store, led.rounds, led._fd = run_dir, "all", [], None
+        led.envelopes, led.lines, led.heads, led.torn = [], [], {}, 0
+        raw = f.read_bytes().split(b"\n")
+        if raw[-1]:
+            led.torn = len(raw)
+        for n, line in enumerate(raw[:-1], 1):
+            if not line.strip():
+                continue
+            env = parse_envelope(line, f"{run_dir.name}/messages.jsonl line {n}")
+            if keep is None or env.run in keep:
+                led.envelopes.append(env)
+                led.lines.append((n, line_hash(line)))
         return led
+
+    def verify(self, heads: dict[str, str]) -> None:
+        """Check every run's hash chain, and that each run in ``heads`` (run -> summary's ``chain_head``) ends at
+        the recorded line. A deleted, reordered, edited or foreign line is a one-line error naming run and line."""
+        last: dict[str, tuple[str, int]] = {}
+        for env, (n, h) in zip(self.envelopes, self.lines):
+            prev, pn = last.get(env.run, ("", 0))
+            if env.prev != prev:
+                after = f"line {pn}, the run's previous line" if pn else "the start of the run"
+                raise UserError(f"{self.root.name}/messages.jsonl line {n} (run {env.run}) does not chain to {after}: "
+                                "a line was deleted, reordered, edited or inserted there; the run folder is damaged "
+                                "(restore it or re-run the scenario)")
+            last[env.run] = (h, n)
+        for run, head in heads.items():
+            h, n = last.get(run, ("", 0))
+            if h != head:
+                raise UserError(f"{self.root.name}/messages.jsonl: run {run} ends at line {n or 'none'}, not at the last "
+                                "line summary.json records: its last lines were deleted or edited; the run folder is "
+                                "damaged (restore it or re-run the scenario)")
 
     def raw(self, env: Envelope) -> bytes:
         p = self.payload_path(env.sha256)
-        if not p.exists():
+        if not env.stored:
             raise UserError(f"payload of {env.kind} (round {env.round}, {env.sender}->{env.receiver}) was not "
                             f"stored: rerun with store = \"all\" (or a list with {env.kind!r}) and store_rounds = []")
+        if not p.exists():
+            raise UserError(f"{self.root.name}: the payload of {env.kind} (run {env.run}, round {env.round}, seq "
+                            f"{env.seq}, {env.sender}->{env.receiver}) is missing from payloads/: the run folder is "
+                            "damaged (restore it or re-run the scenario)")
         data = p.read_bytes()
         if hashlib.sha256(data).hexdigest() != env.sha256:
-            raise UserError(f"{p} does not match its envelope's sha256: the run folder is corrupted")
+            raise UserError(f"{self.root.name}: payload {p.name[:12]}... of {env.kind} (run {env.run}, round "
+                            f"{env.round}, seq {env.seq}) does not match its envelope's sha256: the run folder is "
+                            "damaged (restore it or re-run the scenario)")
         return data
 
     def payload(self, env: Envelope) -> Payload:
@@ -92,12 +215,62 @@ class Ledger:
         return [e for e in self.envelopes if ok(e)]
 
 
+def open_verified(root: Path, summary: dict | None = None) -> Ledger:
+    """The envelopes of a run folder's finished runs, every hash chain checked against summary.json."""
+    summary = summary or read_summary(root)
+    ok = [r for r in summary["runs"] if r["status"] == "ok"]
+    legacy = [r["run"] for r in ok if not r.get("chain_head")]
+    if legacy:
+        raise UserError(f"{Path(root).name}/summary.json records no chain_head for run {legacy[0]}: the folder was "
+                        "written before hash chains or edited; re-run the scenario")
+    led = Ledger.open(root)
+    led.verify({r["run"]: r["chain_head"] for r in ok})
+    keep = [i for i, e in enumerate(led.envelopes) if e.run in {r["run"] for r in ok}]
+    led.envelopes, led.lines = [led.envelopes[i] for i in keep], [led.lines[i] for i in keep]
+    return led
+
+
+def run_status(root: Path) -> dict:
+    """Planned (manifest.json), finished, failed and missing runs of a run folder, after checking that its summary,
+    hash chains and saved arrays are intact (one-line errors otherwise); ``torn``: the line a kill cut short."""
+    root = Path(root)
+    summary = read_summary(root)
+    chained = all(r.get("chain_head") for r in summary["runs"] if r["status"] == "ok")
+    led = None if not (root / "messages.jsonl").exists() else open_verified(root, summary) if chained else \
+        Ledger.open(root)
+    for f in sorted(root.glob("mia/*/*.npz")) + sorted(root.glob("recon/*/*.npz")):
+        load_npz(f)
+    manifest = read_json(root / "manifest.json", "run folder's manifest") if (root / "manifest.json").exists() else {}
+    seen = {r["run"]: r["status"] for r in summary["runs"]}
+    planned = manifest.get("runs") if isinstance(manifest, dict) and isinstance(manifest.get("runs"), list) else []
+    planned = list(dict.fromkeys(list(planned) + list(seen)))
+    return dict(root=root, planned=planned, finished=[r for r in planned if seen.get(r) == "ok"],
+                failed=[r for r in planned if r in seen and seen[r] != "ok"],
+                missing=[r for r in planned if r not in seen], torn=led.torn if led is not None else 0,
+                source=manifest.get("source", "FILE"), chained=chained)
+
+
+def status_lines(run_dirs) -> list[str]:
+    """Report lines: per folder, planned, finished, failed and missing runs, and how to finish an interrupted one."""
+    out = []
+    for d in run_dirs:
+        st = run_status(d)
+        out.append(f"- `{st['root']}`: {len(st['planned'])} runs planned, {len(st['finished'])} finished, "
+                   f"{len(st['failed'])} failed, {len(st['missing'])} missing"
+                   + ("" if st["chained"] else " (no hash chain recorded: messages.jsonl not verified)"))
+        if st["missing"] or st["torn"]:
+            out.append(f"  - interrupted{' (torn last line ' + str(st['torn']) + ' of messages.jsonl)' if st['torn'] else ''}"
+                       f"; missing: {', '.join(f'`{r}`' for r in st['missing']) or 'none'}; finish with "
+                       f"`python -m fdg_audit scenario {st['source']} --resume {st['root']}`")
+    return out
+
+
 class MemoryLedger(Ledger):
     """A ledger that keeps envelopes and payloads in memory: for federations an attacker runs itself
     (reference/shadow runs), whose records never belong in a run folder."""
 
     def __init__(self):
-        self.root, self.store, self.envelopes, self._fh, self._blobs = None, "all", [], None, {}
+        self.root, self.store, self.envelopes, self._fd, self._blobs = None, "all", [], None, {}
 
     def append(self, env: Envelope, data: bytes) -> None:
         self._blobs.setdefault(env.sha256, data)

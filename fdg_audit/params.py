@@ -37,7 +37,8 @@ def typed(cls, raw: dict, where: str):
         elif isinstance(default, bool) and not isinstance(v, bool) or \
                 isinstance(default, (int, float)) and not isinstance(default, bool) and \
                 (isinstance(v, bool) or not isinstance(v, (int, float))) or \
-                isinstance(default, str) and not isinstance(v, str):
+                isinstance(default, str) and not isinstance(v, str) or \
+                type(default) is int and isinstance(v, float):
             raise UserError(f"{where}.{f.name} = {v!r} has the wrong type: expected {type(default).__name__} "
                             f"like the default {default!r}")
         out[f.name] = float(v) if isinstance(default, float) and not isinstance(v, bool) else v

@@ -2,10 +2,18 @@
 
 Built-ins register through the same groups (``fdg_audit.methods``, ``fdg_audit.attacks``) a third-party
 package would use, in ``pyproject.toml``. A scenario may also name ``"my_pkg.my_mod:MyAttack"`` directly.
+
+Run folders are data: while a command reads plugin names from a run folder (``with from_folder(root)``), only
+registered names load, a recorded ``module:Class`` is refused unless the user named it on the command line or
+passed ``--trust-plugins``, and the working directory is taken off the import path (``python -m`` puts it there),
+so a file shipped inside the folder, or a package beside it, is never imported.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib.metadata import entry_points
 
@@ -28,15 +36,51 @@ def origin(kind: str, name: str) -> str:
     return "explicit module:Class"
 
 
-def _import(path: str, kind: str):
+_FOLDER: dict = {}     # while plugin names come from a run folder: {"where", "allow", "trust"}
+
+
+@contextmanager
+def from_folder(where, allow=(), trust: bool = False):
+    """Plugin names resolved inside this block come from the run folder ``where``: see the module docstring."""
+    old = dict(_FOLDER)
+    _FOLDER.clear()
+    _FOLDER.update(where=str(where), allow=set(allow), trust=trust)
+    try:
+        yield
+    finally:
+        _FOLDER.clear()
+        _FOLDER.update(old)
+
+
+def _from_folder(name: str) -> bool:
+    """``name`` was read from a run folder (not named by the user, not under --trust-plugins)."""
+    return bool(_FOLDER) and not _FOLDER["trust"] and name not in _FOLDER["allow"]
+
+
+def import_path(name: str = "") -> list[str]:
+    """``sys.path`` for importing plugin ``name`` while a run folder is being read: without the working directory
+    that ``python -m`` / ``-c`` / tools put before site-packages (an install that points at it stays reachable),
+    except for a "module:Class" the user named or trusted; a registered name always resolves to the install."""
+    if not _FOLDER or ":" in name and not _from_folder(name):
+        return list(sys.path)
+    cwd = os.path.realpath(os.getcwd())
+    site = next((i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))), len(sys.path))
+    return [p for i, p in enumerate(sys.path) if p not in ("", ".") and not (i < site and os.path.realpath(p) == cwd)]
+
+
+def _import(path: str, kind: str, name: str = ""):
     mod, _, attr = path.partition(":")
     if not attr:
         raise UserError(f"{kind} {path!r} is neither a registered name ({', '.join(sorted(available(kind))) or 'none'})"
                         f" nor a \"module:Class\" path: fix the name, or `pip install -e .` so built-ins register")
+    saved = sys.path[:]
+    sys.path[:] = import_path(name or path)
     try:
         obj = importlib.import_module(mod)
     except ImportError as e:
         raise UserError(f"cannot import {kind} module {mod!r} ({e}): check the path or install the package") from e
+    finally:
+        sys.path[:] = saved
     try:
         return getattr(obj, attr)
     except AttributeError:
@@ -44,8 +88,13 @@ def _import(path: str, kind: str):
 
 
 def load(kind: str, name: str):
-    """Resolve a plugin by registered name or by "module:Class"."""
-    return _import(available(kind).get(name, name), kind)
+    """Resolve a plugin by registered name or by "module:Class" (see ``from_folder`` for run folders)."""
+    path = available(kind).get(name)
+    if path is None and _from_folder(name):
+        raise UserError(f"run folder {_FOLDER['where']} names {kind} {name!r}, which is not an installed plugin: a run "
+                        f"folder cannot make fdg_audit import code; install the plugin (entry point {GROUPS[kind]}), or "
+                        "pass --trust-plugins if you trust this folder")
+    return _import(path or name, kind, name)
 
 
 def load_method(name: str):

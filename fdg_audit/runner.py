@@ -3,7 +3,9 @@
 Outputs (``runs/<name>/<timestamp>/``): manifest.json, config.resolved.toml, messages.jsonl, payloads/,
 truth/ (ground truth for scorers only), metrics.csv (one row per run and round), summary.json (one entry
 per run, rewritten atomically after each), then leakage.csv and report.md when attacks / the report run.
-A failed run is recorded in summary.json and the others go on; finished runs are never lost.
+A failed run is recorded in summary.json and the others go on; finished runs are never lost. Each finished run's
+summary entry holds its config hash and its hash-chain head; ``scenario FILE --resume RUN_DIR`` keeps the runs that
+match and runs the rest.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import hashlib
 import io
 import json
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -28,7 +31,7 @@ from . import __version__
 from .errors import UserError
 from .federation import RunSpec, run_federation
 from .params import resolve_device
-from .ledger import Ledger, atomic_write
+from .ledger import Ledger, atomic_write, npz_bytes, read_summary
 from .privacy import privacy_csv
 from .scenario import dump_toml, plan  # noqa: F401  (plan re-exported)
 
@@ -59,75 +62,149 @@ def _git_commit() -> str:
 
 def truth_writer(root: Path):
     def sink(run_id: str, client: str, name: str, arrays: dict) -> None:
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        atomic_write(root / "truth" / run_id / client / f"{name}.npz", buf.getvalue())
+        atomic_write(root / "truth" / run_id / client / f"{name}.npz", npz_bytes(arrays))
     return sink
 
 
-def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet: bool = False) -> Path:
+def run_config_hash(r: dict) -> str:
+    """sha256 of everything that decides one run's records: ``--resume`` skips a finished run only if it matches."""
+    sc = r["sc"]
+    cfg = dict(run=r["run_id"], method=r["method"].name, params=asdict(r["params"]), data=asdict(r["ds"]),
+               model=asdict(sc.model), target=r["target"], seed=r["seed"], store=sc.store, store_rounds=sc.store_rounds,
+               privacy=asdict(r["privacy"]) if r["privacy"] else {})
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _resume(root: Path, runs: list[dict]) -> tuple[dict, dict, Ledger]:
+    """The finished runs of ``root`` that match the plan (by run id and config hash), their metrics rows, and the
+    folder's ledger cut back to them (lines of unfinished or changed runs, and a torn last line, are dropped)."""
+    if not (root / "config.resolved.toml").exists():
+        raise UserError(f"--resume {root}: not a run folder (no config.resolved.toml); pass runs/<scenario>/<timestamp>")
+    want = {r["run_id"]: run_config_hash(r) for r in runs}
+    done = {s["run"]: s for s in read_summary(root)["runs"]
+            if s["status"] == "ok" and s.get("chain_head") and want.get(s["run"]) == s.get("config_sha256")}
+    old = Ledger.open(root) if (root / "messages.jsonl").exists() else None
+    if old is not None:
+        old.verify({k: v["chain_head"] for k, v in done.items()})
+    lines = (root / "messages.jsonl").read_bytes().split(b"\n") if old is not None else []
+    keep = [(e, ln) for e, ln in zip(old.envelopes, old.lines) if e.run in done] if old is not None else []
+    atomic_write(root / "messages.jsonl", b"".join(lines[n - 1] + b"\n" for _, (n, _) in keep))
+    rows = defaultdict(list)
+    if (root / "metrics.csv").exists():
+        with open(root / "metrics.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("run") in done:
+                    rows[row["run"]].append(row)
+    return done, rows, keep
+
+
+def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet: bool = False,
+                 resume: str | None = None) -> Path:
+    """Validate the whole plan (runs and attacks), then run it into a new folder, or into ``resume`` skipping the
+    runs that folder already finished. Ctrl-C ends with one line saying what finished and how to resume."""
+    from .attack import check_attacks
     from .scenario import load_raw
     raw = load_raw(path, sets)
     runs = plan(raw)
     sc0 = runs[0]["sc"]
-    root = Path(out or sc0.out) / sc0.name / time.strftime("%Y%m%d-%H%M%S")
-    while root.exists():
-        root = root.with_name(root.name + "_")
-    root.mkdir(parents=True)
+    attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
+    check_attacks(attack_cfgs)
+    held_out = {r["target"] for r in runs}
+    for a in attack_cfgs:
+        if not isinstance(a.get("targets", []), list) or set(a.get("targets", [])) - held_out:
+            raise UserError(f"attacks.{a['label']}.targets = {a['targets']!r}: no run holds out "
+                            f"{sorted(set(a['targets']) - held_out) if isinstance(a['targets'], list) else a['targets']};"
+                            f" use held-out domains of this scenario ({', '.join(sorted(held_out))}) or []")
+    if resume:
+        root = Path(resume)
+        done, rows_by, keep = _resume(root, runs)
+    else:
+        root = Path(out or sc0.out) / sc0.name / time.strftime("%Y%m%d-%H%M%S")
+        while root.exists():
+            root = root.with_name(root.name + "_")
+        root.mkdir(parents=True)
+        done, rows_by, keep = {}, defaultdict(list), []
     resolved = dump_toml(raw)
     atomic_write(root / "config.resolved.toml", resolved)
     atomic_write(root / "manifest.json", json.dumps({
         "scenario": sc0.name, "source": str(path), "sets": list(sets), "fdg_audit": __version__,
         "commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
         "numpy": np.__version__, "seeds": sc0.seeds, "config_sha256": hashlib.sha256(resolved.encode()).hexdigest(),
-        "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, indent=1))
+        "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "resumed_with": sorted(done)}, indent=1))
     ledger = Ledger(root, store=sc0.store, rounds=sc0.store_rounds)
+    for e, ln in keep:
+        ledger.envelopes.append(e)
+        ledger.lines.append(ln)
+        ledger.heads[e.run] = ln[1]
     sink = truth_writer(root)
-    rows, summary = [], {"scenario": sc0.name, "runs": []}
-    for i, r in enumerate(runs):
-        sc = r["sc"]
-        if sc.threads:
-            torch.set_num_threads(sc.threads)
-        spec = RunSpec(r["run_id"], r["method"].name, r["params"], r["ds"], sc.model, r["target"], r["seed"],
-                       resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(),
-                       privacy=r["privacy"])
-        info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
-                    target=r["target"], seed=r["seed"], sweep=r["sweep"], params=asdict(r["params"]),
-                    plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {},
-                    num_classes=r["data"].num_classes)
-        t0 = time.time()
-        try:
-            res = run_federation(spec, ledger, r["data"], truth_sink=sink,
-                                 on_round=None if quiet else Progress(f"[{i + 1}/{len(runs)}] {r['run_id']}",
-                                                                      r["params"].rounds))
-        except UserError:
-            raise
-        except Exception as e:  # keep finished runs; record the failure and go on
-            info.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-            print(f"run {r['run_id']} failed: {type(e).__name__}: {e}", file=sys.stderr)
-        else:
-            info.update(status="ok", seconds=round(time.time() - t0, 2), **{k: v for k, v in res.items()
-                                                                           if k != "history"})
-            rows += [{k: info[k] for k in ("run", "dataset", "method", "variant", "target", "seed")} | h
-                     for h in res["history"]]
-            _write_csv(root / "metrics.csv", rows)
-        summary["runs"].append(info)
-        atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
-        if any(x["privacy"] for x in runs):
-            atomic_write(root / "privacy.csv", privacy_csv(ledger.envelopes))
+    infos = dict(done)
+    summary = {"scenario": sc0.name, "runs": []}
+    again = f"python -m fdg_audit scenario {shlex.join([str(path)] + (['--set', *sets] if sets else []))} " \
+            f"--resume {shlex.quote(str(root))}"
+    i = 0
+    try:
+        for i, r in enumerate(runs):
+            if r["run_id"] in done:
+                continue
+            infos[r["run_id"]] = _one_run(i, r, runs, ledger, sink, rows_by, quiet)
+            summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
+            _write_csv(root / "metrics.csv", [row for x in runs for row in rows_by.get(x["run_id"], [])])
+            atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
+            if any(x["privacy"] for x in runs):
+                atomic_write(root / "privacy.csv", privacy_csv(ledger.envelopes))
+    except KeyboardInterrupt:
+        ledger.close()
+        n = sum(s["status"] == "ok" for s in infos.values())
+        raise UserError(f"interrupted during run {i + 1}/{len(runs)} ({runs[i]['run_id']}): {n} of {len(runs)} runs "
+                        f"finished in {root}; resume with: {again}") from None
     ledger.close()
+    summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
     summary["bytes"] = bytes_table(ledger.envelopes)
     atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
-    if sc0.attacks:
-        from .attack import run_attacks
-        run_attacks(root, [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks], quiet=quiet)
-    if sc0.report:
-        from .report import write_report
-        write_report([root], root, quiet=quiet)
+    try:
+        if attack_cfgs:
+            from .attack import run_attacks
+            run_attacks(root, attack_cfgs, quiet=quiet)
+        if sc0.report:
+            from .report import write_report
+            write_report([root], root, quiet=quiet)
+    except KeyboardInterrupt:
+        raise UserError(f"interrupted while attacking or reporting: all {len(runs)} runs finished in {root}; attack "
+                        f"with: python -m fdg_audit attack {shlex.quote(str(root))}") from None
     if any(r["status"] != "ok" for r in summary["runs"]):
         failed = [r["run"] for r in summary["runs"] if r["status"] != "ok"]
         raise RuntimeError(f"{len(failed)} run(s) failed (see {root / 'summary.json'}): {', '.join(failed)}")
     return root
+
+
+def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:
+    """Train and record one run; its summary entry (a failure is recorded, not raised)."""
+    sc = r["sc"]
+    if sc.threads:
+        torch.set_num_threads(sc.threads)
+    spec = RunSpec(r["run_id"], r["method"].name, r["params"], r["ds"], sc.model, r["target"], r["seed"],
+                   resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(), privacy=r["privacy"])
+    info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
+                target=r["target"], seed=r["seed"], sweep=r["sweep"], params=asdict(r["params"]),
+                plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {},
+                num_classes=r["data"].num_classes, config_sha256=run_config_hash(r))
+    t0 = time.time()
+    try:
+        res = run_federation(spec, ledger, r["data"], truth_sink=sink,
+                             on_round=None if quiet else Progress(f"[{i + 1}/{len(runs)}] {r['run_id']}",
+                                                                  r["params"].rounds))
+    except UserError:
+        raise
+    except Exception as e:  # keep finished runs; record the failure and go on
+        info.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        print(f"run {r['run_id']} failed: {type(e).__name__}: {e}", file=sys.stderr)
+    else:
+        info.update(status="ok", seconds=round(time.time() - t0, 2), chain_head=ledger.heads.get(r["run_id"], ""),
+                    **{k: v for k, v in res.items() if k != "history"})
+        rows_by[r["run_id"]] = [{k: info[k] for k in ("run", "dataset", "method", "variant", "target", "seed")} | h
+                                for h in res["history"]]
+    return info
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

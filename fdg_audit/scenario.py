@@ -140,13 +140,31 @@ def parse(raw: dict) -> Scenario:
     sc.datasets = [typed(DatasetEntry, d, f"datasets[{i}]") for i, d in enumerate(ds)]
     for d in sc.datasets:
         d.label = d.label or (d.family if d.dataset in ("digits", "idx") else Path(d.root).name or d.dataset)
+    labels = [d.label for d in sc.datasets]
+    if len(set(labels)) != len(labels):
+        raise UserError(f"two [[datasets]] share the label {labels}: give each a distinct label = \"...\"")
     typed(TrainParams, sc.train, "train")
-    sc.methods = _entries(MethodEntry, raw.get("methods") or [{"name": "fedavg"}], "methods")
+    for key in ("methods", "attacks"):
+        if key in raw and not isinstance(raw[key], list):
+            raise UserError(f"{key} = {raw[key]!r}: write [[{key}]] tables, e.g. [[{key}]] name = \"...\"")
+    if raw.get("methods") == []:
+        raise UserError("methods = [] names no method: add [[methods]] name = \"fedavg\" (or drop the key for FedAvg)")
+    sc.methods = _entries(MethodEntry, raw.get("methods", [{"name": "fedavg"}]), "methods")
     sc.attacks = _entries(AttackEntry, raw.get("attacks") or [], "attacks")
     if sc.engine not in ("local", "process", "ray"):
         raise UserError(f"engine = {sc.engine!r}: choose \"local\", \"process\" or \"ray\" (pip install 'fdg_audit[ray]')")
-    if not isinstance(sc.seeds, list) or not all(isinstance(s, int) for s in sc.seeds):
-        raise UserError(f"seeds = {sc.seeds!r}: give a list of integers, e.g. seeds = [0, 1, 2]")
+    if not isinstance(sc.seeds, list) or not sc.seeds or \
+            not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r}: give a non-empty list of integers, e.g. seeds = [0, 1, 2]")
+    if len(set(sc.seeds)) != len(sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r} repeats a seed (one run id per seed): list each seed once")
+    for i, d in enumerate(sc.datasets):
+        t = d.targets
+        if t != "all" and (not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t)
+                           or len(set(t)) != len(t)):
+            hint = f"[{t!r}]" if isinstance(t, str) else '["rot0"]'
+            raise UserError(f"datasets[{i}].targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
+                            f"names, e.g. targets = {hint}".replace("'", '"'))
     return sc
 
 

@@ -131,8 +131,8 @@ def test_server_and_eavesdropper_views_match_envelopes(root):
 # ------------------------------------------------------------------------------------------ truth stays out
 
 def test_ground_truth_never_reaches_the_attack(root):
-    SEEN.clear()
-    run_attacks(root, [{"name": f"{HERE}:Spy"}, {"name": f"{HERE}:CandidatesOnly"}], quiet=True)
+    SEEN.clear()   # in-process (debugging) mode, so that SEEN fills; tests/test_trust.py covers the worker process
+    run_attacks(root, [{"name": f"{HERE}:Spy"}, {"name": f"{HERE}:CandidatesOnly"}], quiet=True, isolate=False)
     (view, aux), (_, only) = SEEN
     assert {f.name for f in dataclasses.fields(Aux)} == {"public", "domain_samples", "candidates", "num_classes",
                                                          "domains"}          # no membership field exists

@@ -14,6 +14,7 @@ from .base import DataConfig, DomainSet, select_domains, split_domain
 from fdg_audit.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
+MAX_PIXELS = 50_000_000     # width x height read before decoding: larger files are refused, not decoded
 
 
 def _subdirs(p: Path) -> list[str]:
@@ -43,8 +44,13 @@ def read_image(path: Path, size: int) -> np.ndarray:
 
     try:
         with Image.open(path) as im:
+            if im.width * im.height > MAX_PIXELS:
+                raise UserError(f"image {path} claims too many pixels ({im.width}x{im.height}, more than this reader's "
+                                f"bound of {MAX_PIXELS:,}): remove or downscale that file")
             return np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR), dtype=np.uint8)
-    except OSError as e:
+    except Image.DecompressionBombError as e:
+        raise UserError(f"image {path} claims too many pixels ({e}): remove or downscale that file") from None
+    except (OSError, ValueError) as e:
         raise UserError(f"image {path} could not be read ({e}): remove or replace that file") from None
 
 

@@ -20,6 +20,7 @@ from fdg_audit.errors import UserError
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 DEFAULT_PER_DOMAIN = 1000
+MAX_IDX_DIMS = 4            # MNIST-style files have 1 (labels) or 3 (images) dimensions
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -34,6 +35,9 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_DTYPES:
         raise UserError(f"{path} is not an IDX file (bad magic number): point data.root at MNIST-format IDX files")
     ndim = raw[3]
+    if not 1 <= ndim <= MAX_IDX_DIMS or len(raw) < 4 + 4 * ndim:
+        raise UserError(f"IDX file {path} claims {ndim} dimensions ({len(raw)} bytes; this reader takes 1 to "
+                        f"{MAX_IDX_DIMS} and a complete header): point data.root at MNIST-format IDX files")
     dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
     dtype = np.dtype(IDX_DTYPES[raw[2]])
     body = raw[4 + 4 * ndim:]

@@ -227,8 +227,10 @@ def _privacy_md(res, acc, eps, files) -> list[str]:
 
 def write_report(run_dirs, out, quiet: bool = False) -> Path:
     """Aggregate run folders into ``out/report.md`` with figures in ``out/plots/``; returns report.md."""
+    from ..ledger import status_lines
     out = Path(out)
     plots = out / "plots"
+    runs_md = status_lines(run_dirs)   # checks each folder first: damage is one line, not a traceback
     res = T.load(run_dirs)
     acc, leak, by, eps = T.accuracy_table(res), T.leakage_table(res), T.bytes_table(res), T.privacy_table(res)
     acc_files = P.accuracy(res, acc, plots) + P.sweep(res, acc, plots)
@@ -241,7 +243,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     md = [f"# fdg_audit report: {', '.join(dict.fromkeys(res.scenarios))}", "",
           f"Run folders: {', '.join(f'`{s}`' for s in src)}. Runs: {len(res.ok)} finished"
           + (f", {len(failed)} failed" if failed else "") + ".", ""]
-    md += [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
+    md += runs_md + [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
     md += [f"- note: {n}" for n in res.notes] + ([""] if failed or res.notes else [])
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls) + _pareto_md(res, acc, par_files)
     md += _bytes_md(res, by, byte_files) + _privacy_md(res, acc, eps, eps_files)

@@ -19,12 +19,13 @@ import json
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import UserError
+from ..ledger import Ledger
 
 
 @dataclass
@@ -180,13 +181,8 @@ def load(run_dirs) -> Results:
                 res.privacy.append(dict(r, epsilon=_num(r.get("epsilon")), delta=_num(r.get("delta"))))
         if (root / "controls.json").exists():
             res.controls += [dict(c, root=str(root)) for c in json.loads((root / "controls.json").read_text())]
-        if (root / "messages.jsonl").exists():
-            with open(root / "messages.jsonl") as fh:
-                for line in fh:
-                    if line.strip():
-                        e = json.loads(line)
-                        if mine(i, e["run"]):
-                            res.envelopes.append(e)
+        if (root / "messages.jsonl").exists():   # Ledger.open: a torn last line is dropped, damage is one line
+            res.envelopes += [asdict(e) for e in Ledger.open(root).envelopes if mine(i, e.run)]
         runs = {r for r, j in chosen.items() if j == i}
         for p in sorted((root / "recon").glob("*/*.npz")):
             hit = _split_file(p.stem, runs)

@@ -1,0 +1,262 @@
+"""Adversary views, and the attack worker process that sees nothing else.
+
+``AdversaryView`` is what one adversary observed in one run: the envelopes it sent or received (every envelope
+for an eavesdropper), their payloads, and the run's public protocol (Kerckhoffs). ``Aux`` is the auxiliary data
+an attack declared.
+
+Isolation (the default of the harness, ``run_isolated``): the parent writes a *view folder* for one attack on one
+run: ``view.json`` (protocol: method, params, model, shape, clients; who the adversary is; the attack and its
+parameters), ``messages.jsonl`` (the adversary's envelopes only, without the hash-chain field), ``payloads/`` (only
+those envelopes' payload bytes, each checked against its envelope's sha256 on the way) and ``aux.pt`` (only the
+declared aux data). The attack runs in a fresh process whose only input is that folder: multiprocessing's
+"forkserver" starts a clean server once (torch and the core imported, no copy of the parent's memory) and forks one
+worker per job; where forkserver is missing (Windows), "spawn". Outputs come back as plain tensors and
+strings (``torch.load(weights_only=True)``). Ground truth, the run folder and other parties' messages stay in the
+parent, which joins outputs with truth in the scorer. The worker is told neither the run folder nor its path.
+
+Not enforced: the worker is an ordinary process of the same user, so code that searches the file system on its own
+(outside the API) could still open files that user can read; the boundary is the API and the process, not an OS
+sandbox. ``isolate=False`` (``attack --in-process``) runs the attack inside the harness for debugging: there the
+view's messages hold the whole ledger and the process holds the truth, so nothing is enforced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing as mp
+import shutil
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .data import Split
+from .errors import UserError
+from .federation import load_arrays
+from .ledger import Ledger, atomic_write
+from .models import ModelConfig, build_model
+from .params import typed
+from .plugins import import_path
+
+
+# ------------------------------------------------------------------------------------------- views
+
+@dataclass
+class Message:
+    env: Any
+    _ledger: Any
+
+    def __getattr__(self, k):
+        return getattr(self.env, k)
+
+    @property
+    def payload(self):
+        return self._ledger.payload(self.env)
+
+
+def view_envelopes(ledger: Ledger, run_id: str, adversary: str, me: str) -> list:
+    """The envelopes of run ``run_id`` that ``me`` observed: all for an eavesdropper, else those it sent or got."""
+    envs = ledger.select(run=run_id)
+    return envs if adversary == "eavesdropper" else [e for e in envs if me in (e.sender, e.receiver)]
+
+
+class AdversaryView:
+    """What one adversary observed in one run, plus the public protocol description (Kerckhoffs).
+
+    Messages whose payload the run did not keep (its ``store``/``store_rounds`` policy) are left out; a payload
+    that was kept but is now missing or altered is an error (the run folder is damaged), never a silent gap."""
+
+    def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
+        self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
+        self.model_cfg, self.shape, self.device = run["model_cfg"], tuple(run["shape"]), device
+        self.clients = list(run["clients"])
+        self.me = me
+        self._msgs = [Message(e, ledger) for e in view_envelopes(ledger, self.run_id, adversary, me)
+                      if ledger.stored(e)]
+
+    def messages(self, **match) -> list[Message]:
+        """Observed messages whose envelope fields equal the given values (lists mean any of)."""
+        return [m for m in self._msgs if all(getattr(m.env, k) in v if isinstance(v, (list, tuple, set))
+                                             else getattr(m.env, k) == v for k, v in match.items())]
+
+    def kinds(self) -> set[str]:
+        return {m.kind for m in self._msgs}
+
+    @property
+    def protocol(self):
+        """The method's plugin class: its public protocol pieces (Kerckhoffs), e.g. a style function, a class code
+        or a generator architecture that the method exposes as class attributes. Attacks use this route, never the
+        method's module internals, so a third-party method can expose the same pieces."""
+        from .plugins import load_method
+        return load_method(self.method)
+
+    def new_model(self) -> torch.nn.Module:
+        """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
+        from types import SimpleNamespace
+        c, s, k = self.shape
+        m = self.protocol
+        if hasattr(m, "build"):
+            party = SimpleNamespace(params=m.Params(**self.params), shape=(c, s, s, k), model_cfg=self.model_cfg,
+                                    device=self.device)
+            return m.build(party).to(self.device)
+        return build_model(self.model_cfg, c, k, s).to(self.device)
+
+    def model(self, arrays: dict) -> torch.nn.Module:
+        return load_arrays(self.new_model(), arrays).eval()
+
+
+@dataclass
+class Aux:
+    """Auxiliary knowledge the attack declared. ``public``: labelled images of the held-out domain (not a
+    victim's). ``domain_samples``: labelled public samples of each source domain, disjoint from all
+    training data. ``candidates[victim]``: a shuffled pool of that victim's members and non-members, with
+    class labels (membership withheld)."""
+    public: Split | None = None
+    domain_samples: dict = field(default_factory=dict)
+    candidates: dict = field(default_factory=dict)
+    num_classes: int = 0
+    domains: list = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------- plain-data transport
+
+def pack(v):
+    """Tensors, arrays, dataclasses, dicts, lists and scalars as what ``torch.load(weights_only=True)`` accepts."""
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu()
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind in "biuf" and v.dtype.itemsize <= 8 and v.dtype.str[1:] not in ("u2", "u4", "u8"):
+            return {"__np__": torch.from_numpy(np.ascontiguousarray(v))}
+        return {"__nplist__": v.tolist(), "dtype": v.dtype.str if v.dtype.kind in "USbiuf" else "O"}
+    if isinstance(v, np.generic):
+        return v.item()
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {"__dc__": type(v).__name__, "f": {f.name: pack(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if isinstance(v, dict):
+        return {str(k): pack(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [pack(x) for x in v]
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    raise TypeError(f"{type(v).__name__} cannot leave the attack process: return tensors, arrays, numbers or strings")
+
+
+def unpack(v, types: dict):
+    if isinstance(v, dict):
+        if "__np__" in v:
+            return v["__np__"].numpy()
+        if "__nplist__" in v:
+            return np.array(v["__nplist__"], dtype=None if v["dtype"] == "O" else v["dtype"])
+        if "__dc__" in v:
+            if v["__dc__"] not in types:
+                raise TypeError(f"attack returned {v['__dc__']}; return one of {', '.join(types)}")
+            return types[v["__dc__"]](**{k: unpack(x, types) for k, x in v["f"].items()})
+        return {k: unpack(x, types) for k, x in v.items()}
+    if isinstance(v, list):
+        return [unpack(x, types) for x in v]
+    return v
+
+
+def _split(s):
+    return s if s is None else Split(torch.as_tensor(s.x), torch.as_tensor(s.y), np.asarray(s.idx))
+
+
+# ------------------------------------------------------------------------------------------- the worker
+
+class AttackFailed(Exception):
+    """The attack raised (or its process died) in the worker; ``detail`` holds the worker's traceback."""
+
+    def __init__(self, msg: str, detail: str = ""):
+        super().__init__(msg)
+        self.detail = detail
+
+
+def _worker(folder: str, paths: dict) -> None:
+    """Entry point of the attack process: read the view folder, run the attack, write ``result.pt``.
+    ``paths``: the import path for the run's method and for the attack (see plugins.import_path)."""
+    root = Path(folder)
+    try:
+        spec = json.loads((root / "view.json").read_text())
+        from .plugins import load_attack, load_method
+        if "run" in spec:   # the method first, so view.protocol finds the installed module, not a shadow
+            sys.path[:] = paths["method"]
+            load_method(spec["run"]["plugin"])
+        sys.path[:] = paths["attack"]
+        cls = load_attack(spec["attack"])
+        device = torch.device(spec["device"])
+        atk = cls(typed(cls.Params, spec["params"], f"attacks.{spec['label']}"), device)
+        if spec["mode"] == "control":
+            res = {"controls": list(atk.control())}
+        else:
+            run = dict(spec["run"], model_cfg=ModelConfig(**spec["run"]["model_cfg"]))
+            view = AdversaryView(Ledger.open(root), run, spec["adversary"], spec["me"], device)
+            aux = unpack(torch.load(root / "aux.pt", weights_only=True), {"Aux": Aux, "Split": Split})
+            aux.public = _split(aux.public)
+            for part in (aux.domain_samples, aux.candidates):
+                part.update({k: _split(s) for k, s in part.items()})
+            res = {"outputs": list(atk.run(view, aux))}
+        out = pack(res)
+    except UserError as e:
+        out = {"user_error": str(e)}
+    except Exception as e:  # noqa: BLE001  (reported by the parent as a failed row, like an in-process crash)
+        out = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    torch.save(out, root / "result.pt")
+
+
+@lru_cache(maxsize=None)
+def _context():
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["fdg_audit.attack"])   # the core only: never a plugin or the parent's data
+        return ctx
+    return mp.get_context("spawn")
+
+
+def materialise(folder: Path, ledger: Ledger, envs: list) -> None:
+    """Write ``envs`` (without their chain field) and the payloads they carry into the view folder ``folder``;
+    ``ledger.raw`` refuses a missing or altered payload with a one-line error."""
+    lines = []
+    for e in envs:
+        if e.stored:
+            p = folder / "payloads" / e.sha256[:2] / e.sha256
+            if not p.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(ledger.raw(e))
+        lines.append(dataclasses.replace(e, prev="").to_json() + "\n")
+    (folder / "messages.jsonl").write_text("".join(lines))
+
+
+def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: list = (), aux: Aux | None = None):
+    """Run one attack job in a worker process whose only input is a fresh view folder; return its result.
+
+    ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control") and, for
+    "run", run (protocol fields), adversary, me. ``types``: the output classes the parent accepts back."""
+    folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
+    try:
+        if spec["mode"] == "run":
+            materialise(folder, ledger, list(envs))
+            torch.save(pack(aux), folder / "aux.pt")
+        atomic_write(folder / "view.json", json.dumps(spec, default=str))
+        paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
+        p = _context().Process(target=_worker, args=(str(folder), paths), daemon=True)
+        p.start()
+        p.join()
+        if not (folder / "result.pt").exists():
+            raise AttackFailed(f"the attack process exited with code {p.exitcode} and no result")
+        res = torch.load(folder / "result.pt", weights_only=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if "user_error" in res:
+        raise UserError(res["user_error"])
+    if "error" in res:
+        raise AttackFailed(res["error"], res["traceback"])
+    try:
+        return unpack(res, types)
+    except TypeError as e:
+        raise AttackFailed(str(e)) from None
