@@ -98,14 +98,14 @@ def fourier_residual(g: torch.Tensor, amp: torch.Tensor) -> torch.Tensor:
 
 
 def project(g: torch.Tensor, support: torch.Tensor | None, background: str) -> torch.Tensor:
-    """The object constraints: outside ``support`` (bool (H, W)) a constant background (0, or the mean there),
-    everything in the box [0, 1]."""
+    """The object constraints: outside ``support`` (bool (H, W), or one mask per problem (B, H, W); all True =
+    box only) a constant background (0, or the mean there), everything in the box [0, 1]."""
     if support is not None:
         if background == "zero":
             g = g * support
         else:
             out = ~support
-            c = (g * out).sum((-2, -1), keepdim=True) / out.sum().clamp_min(1)
+            c = (g * out).sum((-2, -1), keepdim=True) / out.sum((-2, -1), keepdim=True).clamp_min(1)
             g = torch.where(support, g, c)
     return g.clamp(0, 1)
 
@@ -121,12 +121,15 @@ def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background:
     B, H, W = amp.shape
     dev = amp.device
     A = amp.repeat(restarts, 1, 1)                         # (R*B, H, W), restart-major
+    if support is not None and support.dim() == 3:         # one mask per problem: repeat like the amplitudes
+        support = support.repeat(restarts, 1, 1)
     Ar = A[..., :W // 2 + 1]                               # rfft layout of a real image's spectrum
     g = torch.rand(restarts * B, H, W, generator=gen).to(dev, amp.dtype)
     if init is not None:
         g[:B] = init.to(g)
     g = project(g, support, background)
     out = (~support).to(g.dtype) if support is not None and background == "constant" else None
+    out_n = None if out is None else out.sum((-2, -1), keepdim=True).clamp_min(1)
     for it in range(hio + er):
         G = torch.fft.rfft2(g)
         gp = torch.fft.irfft2(G * (Ar / G.abs().clamp_min(1e-12)), s=(H, W))   # measured magnitude, current phase
@@ -134,7 +137,7 @@ def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background:
         if it < hio:
             g = torch.where(pg == gp, gp, g - beta * (gp - pg))
             if out is not None:  # unknown constant background: its level follows the projection (BCL form of HIO)
-                g = g + out * ((pg - g) * out).sum((-2, -1), keepdim=True) / out.sum().clamp_min(1)
+                g = g + out * ((pg - g) * out).sum((-2, -1), keepdim=True) / out_n
         else:
             g = pg
         if it >= hio and (it - hio) % 50 == 49 and bool((fourier_residual(g, A) < tol).all()):
@@ -175,13 +178,13 @@ def estimate_support(x: torch.Tensor, frac: float = 0.02, thresh: float = 0.25, 
 @dataclass
 class PRParams(AttackParams):
     adversary_view: str = "client"    # client (curious client, reads its relay) | server | eavesdropper (uploads)
-    variants: list = field(default_factory=lambda: ["box", "support", "support_domain"])
-    hio: int = 300                    # HIO iterations (beta below), then ER iterations; attacks.md: 1000 + 200
-    er: int = 100
-    restarts: int = 4                 # random starts per image-channel; attacks.md: 8
+    variants: list = field(default_factory=lambda: ["box", "support", "support_domain", "support_frame"])
+    hio: int = 1000                   # HIO iterations (beta below), then ER iterations (attacks.md budget)
+    er: int = 200
+    restarts: int = 8                 # random starts per image-channel (attacks.md)
     beta: float = 0.9
     tol: float = 1e-3                 # stop ER once every residual is below this
-    max_images: int = 32              # bank entries attacked per victim (0 = all); CPU budget
+    max_images: int = 16              # bank entries attacked per victim (0 = all); CPU budget
     support_frac: float = 0.02        # support = foreground in >= this fraction of the attacker's images ...
     support_dilate: int = 1           # ... dilated by this many pixels
     frame_px: int = 4                 # "support_frame": a known background border of this width
@@ -220,16 +223,21 @@ class PhaseRetrieval(Attack):
         return estimate_support(x.to(self.device), self.p.support_frac, dilate=self.p.support_dilate)
 
     def attack_bank(self, amp: torch.Tensor, support, gen) -> torch.Tensor:
-        """Images (N, C, H, W) from a bank (N, C, H, W) of full amplitudes."""
+        """Images (N, C, H, W) from a bank (N, C, H, W) of full amplitudes; ``support``: None, one (H, W) mask, or
+        one mask per image (N, H, W)."""
         N, C, H, W = amp.shape
         p = self.p
+        if support is not None and support.dim() == 3:
+            support = support.repeat_interleave(C, 0)
         g, _ = retrieve(amp.reshape(N * C, H, W), support, p.background, p.hio, p.er, p.restarts, p.beta, p.tol, gen)
         return register_channels(g.view(N, C, H, W))
 
     def run(self, view, aux):
+        """Every victim's bank under every variant goes through one batched retrieval (one tensor op per
+        iteration for the whole attack); "box" is the all-True mask."""
         size = view.shape[1]
         gen = torch.Generator().manual_seed(self.p.seed)
-        outs = []
+        outs, jobs = [], []
         for victim, rnd, amp in bank_entries(view, self.p.max_victims):
             if tuple(amp.shape[-2:]) != (size, size):
                 outs.append(Skipped(victim, KIND, rnd, f"the bank holds a {tuple(amp.shape[-2:])} window of the "
@@ -237,11 +245,19 @@ class PhaseRetrieval(Attack):
                 continue
             rows = np.arange(min(len(amp), self.p.max_images or len(amp)))
             a = amp[rows].to(self.device, torch.float32)
-            base = (a[..., 0, 0] / (size * size)).clamp(0, 1)[..., None, None].expand_as(a)  # DC = sum of pixels
             for v in self.p.variants:
-                rec = self.attack_bank(a, self._support(v, aux, victim, size), gen)
-                outs.append(Reconstruction(victim, KIND, rnd, rec, truth="amp", rows=rows, aligned=True,
-                                           variant=v, baseline=base))
+                s = self._support(v, aux, victim, size)
+                s = torch.ones(size, size, dtype=torch.bool, device=self.device) if s is None else s
+                jobs.append((victim, rnd, rows, a, v, s))
+        if not jobs:
+            return outs
+        amp = torch.cat([a for *_, a, _, _ in jobs])
+        sup = torch.cat([s.expand(len(a), size, size) for *_, a, _, s in jobs])
+        rec = self.attack_bank(amp, sup, gen).split([len(j[3]) for j in jobs])
+        for (victim, rnd, rows, a, v, _), r in zip(jobs, rec):
+            base = (a[..., 0, 0] / (size * size)).clamp(0, 1)[..., None, None].expand_as(a)  # DC = sum of pixels
+            outs.append(Reconstruction(victim, KIND, rnd, r, truth="amp", rows=rows, aligned=True, variant=v,
+                                       baseline=base))
         return outs
 
     def control(self):

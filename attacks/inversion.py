@@ -9,7 +9,9 @@ Threat models (``adversary_view``):
     reconstructions against the union of the other clients' training sets (victim "a+b").
 The protocol is public (Kerckhoffs): lr, optimizer (sgd/adam), momentum, weight decay, batch size B,
 local_steps / local_epochs come from ``view.params``; the victim's data size n_k from its ``n_samples`` message
-(a curious client assumes the others hold as many images as it does). FedSGD is ``local_steps = 1``.
+(a curious client assumes the others hold as many images as it does; a server that received no n_samples, as
+with FedDG or CSAC, estimates n_k from the update norm with its public data, as ``dataset_size`` does: output
+variant "n_estimated"). FedSGD is ``local_steps = 1``.
 
 Attack (Inverting Gradients, Geiping et al. 2020, with the FedAvg unrolling of breaching's multi-step user):
   * dummy images x̂ in [0, 1] (``box`` = "clamp": projected after every step, as breaching; or "sigmoid"),
@@ -281,7 +283,7 @@ class UpdateInversion(Attack):
     name = "update_inversion"
     consumes = ("weights",)
     adversary = "server"
-    aux = ()
+    aux = ("public",)             # only to estimate n_k (update-norm calibration) when no n_samples was sent
     target = "reconstruction"
     Params = Params
 
@@ -347,12 +349,17 @@ class UpdateInversion(Attack):
             victims = view.clients[:self.p.max_victims or None]
             for v in victims:
                 n = view.messages(kind="n_samples", sender=v)
-                n = int(n[0].payload["n"]) if n else None
+                n, how = (int(n[0].payload["n"]), "") if n else (None, "")
+                ts = self._rounds(view, rounds)
+                if n is None and pr.local_steps <= 0 and ts:   # estimate n_k as the dataset_size attack does
+                    from .stats import estimate_size
+                    est, how = estimate_size(view, v, ts[0], aux.public if aux else None)
+                    n, how = (max(1, int(round(est))), "n_estimated") if est is not None else (None, how)
                 if n is None and pr.local_steps <= 0:
-                    outs.append(Skipped(v, "weights", 0, "no n_samples message: epoch-based local training "
-                                        "cannot be unrolled without the data size"))
+                    outs.append(Skipped(v, "weights", 0, "no n_samples message and no size estimate "
+                                        f"({how}): epoch-based local training cannot be unrolled"))
                     continue
-                for t in self._rounds(view, rounds):
+                for t in ts:
                     down = view.messages(kind="weights", sender="server", receiver=v, round=t)
                     up = view.messages(kind="weights", sender=v, round=t)
                     if not down or not up:
@@ -363,7 +370,7 @@ class UpdateInversion(Attack):
                     obs_bn = {(k.rsplit(".", 1)[0], k.rsplit("_", 1)[1]): after[k] for k in after
                               if k.endswith(("running_mean", "running_var"))}
                     x, labels, counts = self.attack_update(view, theta, after, obs, [steps], self._gen(v, t), obs_bn)
-                    outs.append(Reconstruction(v, "weights", t, x, labels=labels))
+                    outs.append(Reconstruction(v, "weights", t, x, labels=labels, variant=how))
                     visits = sum(len(i) for i in steps)
                     if n is not None and visits >= n:   # the round covered the whole training set
                         outs.append(Estimate(v, "weights", t, "label_counts", counts * n / visits))

@@ -21,6 +21,7 @@ import io
 import json
 import sys
 import traceback
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,9 @@ def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
 def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
     """Join one attack output with the truth; return (metric, value, baseline) rows."""
     rows = []
-    add = lambda metric, value, baseline=float("nan"): rows.append(
-        dict(metric=metric, value=float(value), baseline=float(baseline)))
+    add = lambda metric, value, baseline=float("nan"), items=None, base=None: rows.append(  # noqa: E731
+        dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
+    I = M.stats.Items
     if isinstance(out, Reconstruction):
         rec = truth.record(out.victim, out.truth)
         idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
@@ -272,17 +274,23 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
             pred = None if pred is None else pred[ri]
         ps = M.aligned_psnr(r, x) if out.aligned else M.psnr(r, x)
         bs = M.aligned_psnr(b, xb) if out.aligned else M.psnr(b, xb)
-        add("psnr", ps.mean(), bs.mean())
+        ss = M.ssim(M.aligned(r, x) if out.aligned else r, x)
+        sb = M.ssim(M.aligned(b, xb) if out.aligned else b, xb)
+        ids = _image_ids(idx if out.rows is not None else idx[ci])
+        per = lambda v: I("mean", np.asarray(v, float), ids=ids)  # noqa: E731  (per-image values)
+        add("psnr", ps.mean(), bs.mean(), per(ps), per(bs))
         add("psnr_max", ps.max(), bs.max())
-        add("ssim", M.ssim(M.aligned(r, x) if out.aligned else r, x).mean(),
-            M.ssim(M.aligned(b, xb) if out.aligned else b, xb).mean())
-        add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0))
+        add("ssim", ss.mean(), sb.mean(), per(ss), per(sb))
+        add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0), per(ps >= 25.0), per(bs >= 25.0))
         if pred is not None:
-            add("label_acc", float((pred == y.numpy()).mean()), M.chance(aux.num_classes))
+            hit = pred == y.numpy()
+            add("label_acc", float(hit.mean()), M.chance(aux.num_classes), per(hit))
         out.scored = (x, r, b)
     elif isinstance(out, Scores):
-        lab = np.concatenate([members[v] for v in out.victims]) if out.victims else members[out.victim]
-        add("auc", M.auc(out.scores, lab), 0.5)
+        vs = out.victims or [out.victim]
+        lab = np.concatenate([members[v] for v in vs])
+        ids = np.concatenate([_image_ids(np.arange(len(members[v])), v) for v in vs])
+        add("auc", M.auc(out.scores, lab), 0.5, I("auc", np.asarray(out.scores, float), lab.astype(int), ids))
         for f in (0.01, 0.001, 0.0):
             add(f"tpr@{f:g}fpr", M.tpr_at_fpr(out.scores, lab, f), f)
     elif isinstance(out, Predictions):
@@ -291,16 +299,21 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
         _, y, doms = truth.images(idx)
         true = y.numpy() if out.attribute == "class" else np.array([aux.domains.index(d) for d in doms])
         add(f"{out.attribute}_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes),
-            M.chance(out.n_classes))
+            M.chance(out.n_classes), I("balanced_acc", (np.asarray(out.pred) == true).astype(float), true,
+                                       _image_ids(idx)))
     elif isinstance(out, Estimate):
         y = truth.data.domain(out.victim).train.y.numpy()
+        one = lambda v: I("mean", np.array([float(v)]), ids=_image_ids([0], out.victim))  # noqa: E731  (item: victim)
         if out.quantity == "n_samples":
-            add("n_samples_rel_error", M.relative_error(float(np.ravel(out.value)[0]), len(y)), float("nan"))
+            # baseline: guess the size of the attacker's own public set (a domain it holds), when it has one
+            e = M.relative_error(float(np.ravel(out.value)[0]), len(y))
+            eb = M.relative_error(len(aux.public.y), len(y)) if aux.public is not None else float("nan")
+            add("n_samples_rel_error", e, eb, one(e), None if np.isnan(eb) else one(eb))
         else:
             counts = np.bincount(y, minlength=len(out.value))
             prior = np.full(len(counts), len(y) / len(counts))
-            add("label_count_acc", M.label_count_accuracy(np.asarray(out.value), counts),
-                M.label_count_accuracy(prior, counts))
+            acc, accb = M.label_count_accuracy(np.asarray(out.value), counts), M.label_count_accuracy(prior, counts)
+            add("label_count_acc", acc, accb, one(acc), one(accb))
             add("label_existence_f1", M.existence_f1(np.asarray(out.value), counts),
                 M.existence_f1(np.ones(len(counts)), counts))
     elif isinstance(out, Audit):
@@ -310,6 +323,12 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
         raise TypeError(f"attack returned {type(out).__name__}; return Reconstruction, Scores, Predictions, "
                         "Estimate or Audit")
     return rows
+
+
+def _image_ids(idx, victim: str = "") -> np.ndarray:
+    """Item identities for the held-out split: global image ids, or pool positions salted by the victim's name."""
+    salt = (zlib.crc32(victim.encode()) & 0x7FFFFFFF) << 32 if victim else 0
+    return np.asarray(idx, np.int64) + np.int64(salt)
 
 
 # ------------------------------------------------------------------------------------------- harness
@@ -392,6 +411,8 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     runs = _runs(root, summary)
     device = torch.device(resolve_device("auto"))
     attacks = [_make(c, device) for c in attack_cfgs]
+    used = {label for labels in _selection(ledger, runs, attacks, device).values() for label in labels}
+    attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
     rows, controls = [], []
     for label, atk, job in attacks:
         ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
@@ -401,8 +422,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
         for run_id, run in runs.items():
             if atk.p.targets and run["target"] not in atk.p.targets:
                 continue
-            me = {"server": "server", "eavesdropper": "eavesdropper"}.get(atk.adversary) or \
-                atk.p.as_client or run["clients"][0]
+            me = observer(atk, run)
             status = "ok" if ok else "not measurable (control failed)"
             row = lambda o, victim, r: dict(  # noqa: E731
                 {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
@@ -414,7 +434,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
                 rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
                 continue
             envs = view_envelopes(ledger, run_id, atk.adversary, me)
-            if not set(atk.consumes) & {e.kind for e in envs if ledger.stored(e)}:
+            if not applicable(atk, {e.kind for e in envs if ledger.stored(e)}):
                 continue
             aux, members = build_aux(run, atk.aux, seed=run["seed"])
             truth = Truth(root, run)
@@ -430,17 +450,23 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
                 rows.append(note("failed", f"failed: {e}" if isinstance(e, AttackFailed) else
                                  f"failed: {type(e).__name__}: {e}"))
                 continue
+            start = len(rows)
             for o in outs:
                 if isinstance(o, Skipped):
                     rows.append(note("skipped", f"skipped: {o.reason}", o, o.victim))
                     continue
-                for r in score(o, truth, members, aux):
-                    rows.append(row(o, o.victim, r))
+                try:
+                    scored = score(o, truth, members, aux)
+                except FileNotFoundError as e:   # e.g. a DP audit of a run without canaries
+                    rows.append(note("skipped", f"skipped: {e}", o, o.victim))
+                    continue
+                rows += [row(o, o.victim, r) for r in scored]
                 if isinstance(o, Reconstruction) and hasattr(o, "scored"):
                     _save_grid(root, label, run_id, o)
             for o in _pooled(outs):   # membership scores pooled over victims (resolves lower FPRs)
                 rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
             _save_scores(root, label, run_id, outs, members)
+            _save_items(root, label, run_id, rows[start:])
     # re-running some attacks replaces their rows and controls and keeps every other attack's
     labels = {label for label, _, _ in attacks}
     if (root / "leakage.csv").exists():
@@ -453,6 +479,38 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     if not quiet and sys.stderr.isatty():
         sys.stderr.write("\n")
     return root / "leakage.csv"
+
+
+def observer(atk, run: dict) -> str:
+    """The party whose view the attack reads: server, eavesdropper, or the curious client (default the first)."""
+    return {"server": "server", "eavesdropper": "eavesdropper"}.get(atk.adversary) or \
+        atk.p.as_client or run["clients"][0]
+
+
+def applicable(atk, kinds) -> bool:
+    """Whether an attack applies to a run: its adversary observed an artifact kind the attack consumes."""
+    return bool(set(atk.consumes) & set(kinds))
+
+
+def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
+    """{run: labels of the attacks that apply to it}, as ``run_attacks`` decides, without running them."""
+    root = Path(root)
+    device = torch.device("cpu")
+    return _selection(Ledger.open(root), _runs(root), [_make(c, device) for c in attack_cfgs], device)
+
+
+def _selection(ledger, runs: dict, attacks: list, device) -> dict[str, list[str]]:
+    out = {}
+    for run_id, run in runs.items():
+        out[run_id] = []
+        for label, atk, *_ in attacks:
+            me = observer(atk, run)
+            if (atk.adversary != "client" or me in run["clients"]) and \
+                    (not atk.p.targets or run["target"] in atk.p.targets) and \
+                    applicable(atk, {e.kind for e in view_envelopes(ledger, run_id, atk.adversary, me)
+                                     if ledger.stored(e)}):
+                out[run_id].append(label)
+    return out
 
 
 def _pooled(outs: list) -> list:
@@ -479,6 +537,44 @@ def _save_scores(root: Path, label: str, run_id: str, outs: list, members: dict)
                         victim=rep(lambda o: o.victim), variant=rep(lambda o: o.variant),
                         round=rep(lambda o: o.round).astype(np.int64))
     atomic_write(root / "mia" / label / (run_id.replace("/", "__") + ".npz"), buf.getvalue())
+
+
+ITEM_KEYS = ("run", "attack", "adversary", "artifact", "round", "victim", "output", "metric", "status")
+
+
+def _save_items(root: Path, label: str, run_id: str, rows: list) -> None:
+    """Per-item values behind each scored row, for intervals and held-out selection (fdg_audit.metrics.stats):
+    ``items/<attack>/<run>.npz`` holds ``meta`` (a JSON list, one entry per row: the leakage.csv keys, the item
+    kind, and which arrays it has) and arrays ``<j>/<x|y|ids>`` (the attack's values) and ``<j>/b<x|y|ids>`` (its
+    baseline's, when the baseline varies per item; else the baseline is the constant in leakage.csv)."""
+    meta, arrays = [], {}
+    for r in rows:
+        if r.get("items") is None:
+            continue
+        j = len(meta)
+        b = r.get("base_items")
+        meta.append({k: r.get(k, "") for k in ITEM_KEYS} | {"kind": r["items"].kind, "base": b and b.kind})
+        for pre, it in (("", r["items"]), ("b", r.get("base_items"))):
+            if it is not None:
+                arrays |= {f"{j}/{pre}{f}": np.asarray(getattr(it, f)) for f in ("x", "y", "ids")
+                           if getattr(it, f) is not None}
+    if not meta:
+        return
+    buf = io.BytesIO()
+    np.savez_compressed(buf, meta=np.array(json.dumps(meta, default=str)), **arrays)
+    atomic_write(root / "items" / label / (run_id.replace("/", "__") + ".npz"), buf.getvalue())
+
+
+def load_items(path) -> list[dict]:
+    """The rows of one ``items/<attack>/<run>.npz``: leakage keys plus ``items`` and ``base`` (Items or None)."""
+    out = []
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        for j, m in enumerate(meta):
+            get = lambda pre, f: z[f"{j}/{pre}{f}"] if f"{j}/{pre}{f}" in z else None  # noqa: E731
+            it = lambda pre, kind: M.stats.Items(kind, get(pre, "x"), get(pre, "y"), get(pre, "ids"))  # noqa: E731
+            out.append(dict(m, items=it("", m["kind"]), base=it("b", m["base"]) if m["base"] else None))
+    return out
 
 
 def _save_grid(root: Path, label: str, run_id: str, o: Reconstruction, n: int = 8) -> None:

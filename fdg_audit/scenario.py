@@ -59,7 +59,7 @@ class Scenario:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: dict = field(default_factory=dict)
     methods: list = field(default_factory=list)
-    attacks: list = field(default_factory=list)
+    attacks: list = field(default_factory=list)   # [[attacks]] tables, or "all" (every applicable attack)
     sweep: dict = field(default_factory=dict)
     privacy: dict = field(default_factory=dict)   # [privacy]: DP-SGD, artifact mechanisms, canaries (fdg_audit.privacy)
 
@@ -144,13 +144,12 @@ def parse(raw: dict) -> Scenario:
     if len(set(labels)) != len(labels):
         raise UserError(f"two [[datasets]] share the label {labels}: give each a distinct label = \"...\"")
     typed(TrainParams, sc.train, "train")
-    for key in ("methods", "attacks"):
-        if key in raw and not isinstance(raw[key], list):
-            raise UserError(f"{key} = {raw[key]!r}: write [[{key}]] tables, e.g. [[{key}]] name = \"...\"")
+    if "methods" in raw and not isinstance(raw["methods"], list):
+        raise UserError(f"methods = {raw['methods']!r}: write [[methods]] tables, e.g. [[methods]] name = \"fedavg\"")
     if raw.get("methods") == []:
         raise UserError("methods = [] names no method: add [[methods]] name = \"fedavg\" (or drop the key for FedAvg)")
     sc.methods = _entries(MethodEntry, raw.get("methods", [{"name": "fedavg"}]), "methods")
-    sc.attacks = _entries(AttackEntry, raw.get("attacks") or [], "attacks")
+    sc.attacks = expand_attacks(_entries(AttackEntry, _attack_list(raw.get("attacks") or []), "attacks"))
     if sc.engine not in ("local", "process", "ray"):
         raise UserError(f"engine = {sc.engine!r}: choose \"local\", \"process\" or \"ray\" (pip install 'fdg_audit[ray]')")
     if not isinstance(sc.seeds, list) or not sc.seeds or \
@@ -166,6 +165,42 @@ def parse(raw: dict) -> Scenario:
             raise UserError(f"datasets[{i}].targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
                             f"names, e.g. targets = {hint}".replace("'", '"'))
     return sc
+
+
+def _attack_list(att) -> list:
+    if att == "all":
+        return [{"name": "all"}]
+    if not isinstance(att, list):
+        raise UserError(f"attacks = {att!r}: write attacks = \"all\" or [[attacks]] tables")
+    return att
+
+
+SHARED_ATTACK_KEYS = ("as_client", "max_victims", "targets")   # AttackParams: every attack takes them
+
+
+def expand_attacks(entries: list) -> list:
+    """An entry named "all" stands for every registered attack not listed by its own entry; its keys (from
+    ``SHARED_ATTACK_KEYS``, plus ``exclude = [names]``) apply to each. Which of them run on a run follows from
+    their ``consumes`` and the run's ledger (``fdg_audit.attack.applicable``)."""
+    from .plugins import available
+    out, named = [], {e.name for e in entries} | {e.label for e in entries}
+    for e in entries:
+        if e.name != "all":
+            out.append(e)
+            continue
+        shared = dict(e.params)
+        exclude = shared.pop("exclude", [])
+        bad = [k for k in shared if k not in SHARED_ATTACK_KEYS]
+        if bad:
+            raise UserError(f"attacks \"all\": {bad[0]!r} is not a setting every attack has "
+                            f"({', '.join(SHARED_ATTACK_KEYS)}, exclude); give it its own [[attacks]] entry")
+        unknown = [x for x in exclude if x not in available("attack")]
+        if unknown:
+            raise UserError(f"attacks \"all\": exclude names {unknown[0]!r}, which is not a registered attack "
+                            f"({', '.join(sorted(available('attack')))})")
+        out += [AttackEntry(n, n, dict(shared)) for n in sorted(available("attack"))
+                if n not in named and n not in exclude]
+    return out
 
 
 def method_params(method, entry: MethodEntry, train: dict):

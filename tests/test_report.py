@@ -1,4 +1,5 @@
-"""Reports: tables checked against hand-made run folders, Pareto fronts, bytes by kind, files and links."""
+"""Reports: the scorecard first and consistent with scorecard.csv, tables checked against hand-made run folders,
+Pareto fronts, bytes by kind, files and links."""
 import csv
 import json
 import math
@@ -130,7 +131,7 @@ def test_accuracy_mean_std_over_seeds_grouped_by_method_target_and_sweep(tmp_pat
     summary = json.loads((root / "summary.json").read_text())["runs"]
     acc = {(r["method"], r["variant"], r["target"], r["seed"]): r["target_acc"] for r in summary if r["status"] == "ok"}
     md = write_report([root], tmp_path / "out").read_text()
-    rows = md_table(md, "method")
+    rows = md_table(md, "method", after="## Held-out accuracy")
     assert len(rows) == 4 and {(r["method"], r["lr"]) for r in rows} == \
         {("fedavg", "0.1"), ("fedavg", "0.5"), ("feddg", "0.1"), ("feddg", "0.5")}
     for r in rows:
@@ -184,18 +185,12 @@ def test_leakage_strongest_over_victims_and_rounds_then_over_runs(tmp_path):
     assert err["value"]["mean"] == pytest.approx(0.3) and err["top"]["value"] == 0.1
     mia = tab[("fedavg", "mia", "auc")]
     assert mia["value"]["mean"] == 0.8 and mia["status"].startswith("not measurable")
-    # method-level leakage leaves out unmeasurable rows; psnr of feddg = mean over runs of per-run max
-    assert T.method_leakage(res, "auc") == {}
-    assert T.method_leakage(res, "psnr")[("digits", "feddg", "")]["value"]["mean"] == pytest.approx(27.0)
     md = write_report([root], tmp_path / "out").read_text()
     lrows = md_table(md, "method", after="## Leakage")
     assert {(r["method"], r["attack"], r["metric"]) for r in lrows} == set(tab)
     p = next(r for r in lrows if r["metric"] == "psnr")
     assert parse_pm(p["strongest (mean ± std over runs)"])[0] == 27.0 and p["Δ vs baseline"] == "+15.5"
     assert "skipped: no amplitude bank (1×)" in md
-    h = headline(root)
-    assert "amplitude_bank: psnr 27.0 ± 4.2 dB vs 11.5 ± 0.7 (pr)" in h
-    assert "weights: auc not measurable (mia: control failed)" in h
 
 
 def test_pareto_front_on_a_hand_made_example():
@@ -240,8 +235,7 @@ def test_report_files_relative_links_privacy_roc_and_grids(tmp_path):
     md = write_report([root], out).read_text()
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert links and all(not l.startswith("/") and l.startswith("plots/") for l in links)
-    for name in ("accuracy_digits.png", "bytes.png", "privacy_eps_accuracy.png", "roc_loss.png", "recon_pr.png",
-                 "pareto_digits_psnr.png", "pareto_digits_auc.png"):
+    for name in ("accuracy_digits.png", "bytes.png", "privacy_eps_accuracy.png", "roc_loss.png", "recon_pr.png"):
         assert f"plots/{name}" in links
         assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # ε per run = the largest ε in privacy.csv (here 2 * 2 for the second client), shown for feddg only
@@ -249,7 +243,7 @@ def test_report_files_relative_links_privacy_roc_and_grids(tmp_path):
     assert set(eps) == {("digits", "feddg", "")} and eps[("digits", "feddg", "")]["epsilon"]["mean"] == 4.0
     assert "| feddg | 4.00 ± 0.00 | 1e-05 |" in md
     h = headline(root)
-    assert re.search(r"^feddg .* 4\.00 ", h, re.M) and re.search(r"^fedavg .* — ", h, re.M)
+    assert re.search(r"^feddg .* 4 +\S+$", h, re.M) and re.search(r"^fedavg .* inf +\S+$", h, re.M)
     # membership scores: the last round only (round 2, not the shifted round-1 copy), pooled over runs
     mia = T.membership_scores(T.load([root]))["loss"]
     d = mia[(("digits", "fedavg", ""), "loss")]
@@ -290,8 +284,78 @@ def test_write_report_on_a_real_tiny_run(run_toml):
         """)
     md = (root / "report.md").read_text()                        # written by the runner (report = true)
     summary = json.loads((root / "summary.json").read_text())["runs"][0]
-    row = md_table(md, "method")[0]
+    row = md_table(md, "method", after="## Held-out accuracy")[0]
     assert row["method"] == "fedavg" and float(row["rot0"]) == pytest.approx(summary["target_acc"], abs=6e-4)
     assert (root / "plots" / "accuracy_rotated.png").exists() and (root / "plots" / "bytes.png").exists()
     h = headline(root)
-    assert h.splitlines()[2].startswith("fedavg") and "left client(s) rot30, rot60: n_samples, weights" in h
+    assert h.splitlines()[3].startswith("fedavg") and "left client(s) rot30, rot60: n_samples, weights" in h
+    assert md.index("## Privacy scorecard") < md.index("## Held-out accuracy")
+
+
+# ---------------------------------------------------------------- scorecard
+
+def _items_file(root, attack, run, cands):
+    """items/<attack>/<run>.npz from (victim, metric, values, baseline values) candidates, as the harness writes."""
+    from fdg_audit.attack import _save_items
+    from fdg_audit.metrics.stats import Items
+    rows = [dict(run=run, attack=attack, adversary="server", artifact="amplitude_bank" if attack == "pr" else
+                 "weights", round=0, victim=v, output="main", metric=m, status="ok",
+                 items=Items("mean", np.asarray(x, float), ids=np.arange(len(x))),
+                 base_items=Items("mean", np.asarray(b, float), ids=np.arange(len(b))))
+            for v, m, x, b in cands]
+    _save_items(root, attack, run, rows)
+
+
+def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
+    base = {(t, s): 0.5 + 0.05 * s + (0.1 if t == "A" else 0) for t in "AB" for s in (0, 1, 2)}
+    root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: base[(t, s)] + (0.1 if m == "feddg" else 0.0),
+                     extra=False)
+    rng = np.random.default_rng(0)
+    ok = [r for r in json.loads((root / "summary.json").read_text())["runs"] if r["status"] == "ok"]
+    truth = {}
+    for r in ok:
+        if r["method"] == "feddg":   # two victims: C leaks (30 dB), B does not (12 dB): held-out picks C
+            c = rng.normal(30, 2, 40)
+            _items_file(root, "pr", r["run"], [("B", "psnr", rng.normal(12, 2, 40), rng.normal(11, 1, 40)),
+                                              ("C", "psnr", c, rng.normal(11, 1, 40))])
+        else:                        # one candidate: scored on all its images
+            x = rng.normal(15, 2, 40)
+            truth[(r["target"], r["seed"])] = x.mean()
+            _items_file(root, "ui", r["run"], [("B+C", "psnr", x, rng.normal(11, 1, 40))])
+    (root / "controls.json").write_text(json.dumps([
+        dict(attack=a, name="toy", metric="psnr", value=90.0, threshold=60.0, positive=True, passed=True)
+        for a in ("pr", "ui")]))
+    md = write_report([root], tmp_path / "out").read_text()
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Privacy scorecard"
+    with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
+        card = list(csv.DictReader(f))
+    from fdg_audit.report.scorecard import FIELDS
+    assert list(card[0]) == FIELDS
+    cell = {(r["method"], r["harm"]): r for r in card}
+    assert set(cell) == {("fedavg", "accuracy"), ("feddg", "accuracy"), ("fedavg", "reconstruction"),
+                         ("feddg", "reconstruction")}
+    avg, dg = cell[("fedavg", "reconstruction")], cell[("feddg", "reconstruction")]
+    assert avg["selection"] == "single" and avg["attack"] == "ui" and avg["n_items"] == "240"
+    assert float(avg["value"]) == pytest.approx(np.mean(list(truth.values())), abs=1e-3)
+    assert dg["selection"] == "heldout" and dg["attack"] == "pr" and 6 * 10 < int(dg["n_items"]) < 6 * 30
+    assert 28.5 < float(dg["value"]) < 31.5 and 10 < float(dg["baseline"]) < 12   # C's level, not max of noise
+    for r in (avg, dg):
+        assert float(r["ci_low"]) < float(r["value"]) < float(r["ci_high"]) and r["control"] == "passed"
+        assert r["epsilon"] == "inf" and r["adversary"] == "server" and r["n_runs"] == "6"
+    assert float(dg["diff_fedavg"]) == pytest.approx(float(dg["value"]) - float(avg["value"]), abs=1e-3)
+    assert float(dg["diff_ci_low"]) > 10 and avg["diff_fedavg"] == ""
+    acc = cell[("feddg", "accuracy")]
+    assert float(acc["value"]) == pytest.approx(np.mean(list(base.values())) + 0.1)
+    assert float(acc["diff_fedavg"]) == pytest.approx(0.1) and float(acc["baseline"]) == pytest.approx(0.1)
+    # the markdown rows carry the csv's numbers
+    rows = {(r["method"], r["harm"]): r for r in md_table(md, "method", after="## Privacy scorecard")}
+    assert rows[("feddg", "reconstruction")]["value [95% CI]"] == \
+        f"{float(dg['value']):.1f} [{float(dg['ci_low']):.1f}, {float(dg['ci_high']):.1f}]"
+    assert rows[("feddg", "reconstruction")]["Δ FedAvg [95% CI]"].startswith(f"{float(dg['diff_fedavg']):+.1f} [")
+    assert rows[("feddg", "accuracy")]["value [95% CI]"].startswith(f"{float(acc['value']):.3f}")
+    # in words: feddg is 0.1 more accurate on every target and seed
+    assert "distinguishable from zero: fedavg − feddg = -0.100" in md
+    h = headline(root)
+    assert f"server: {float(dg['value']):.1f} [" in h and "Δ +0.100" in h
+    assert "plots/tradeoff_digits_reconstruction.png" in md

@@ -8,37 +8,19 @@ Definitions (groups, mean ± std, "strongest", bytes per round, ε per run) are 
 """
 from __future__ import annotations
 
+import csv
+import io
 import math
 from pathlib import Path
 
+from ..ledger import atomic_write
+
 from . import plots as P
+from . import scorecard as SC
 from . import tables as T
 from .tables import fmt, fmt_metric, human_bytes, md_table, text_table
 
 __all__ = ["write_report", "headline"]
-
-
-def _leak_lines(leak_rows: list[dict], g) -> list[str]:
-    """Per artifact, per primary metric: the strongest attack's value (mean over runs) vs its baseline."""
-    out = []
-    rows = [r for r in leak_rows if r["key"] == g]
-    for art in dict.fromkeys(r["artifact"] for r in rows):
-        ar = [r for r in rows if r["artifact"] == art]
-        metrics = [m for m in T.PRIMARY if any(r["metric"] == m for r in ar)] or [ar[0]["metric"]]
-        for m in metrics:
-            cand = [r for r in ar if r["metric"] == m]
-            ok = [r for r in cand if r["status"] == "ok"]
-            if not ok:
-                out.append(f"{art}: {m} not measurable ({cand[0]['attack']}: control failed)")
-                continue
-            best = ok[0]
-            for r in ok[1:]:
-                if T.stronger(m, r["value"]["mean"], best["value"]["mean"]):
-                    best = r
-            digits = 1 if T.info(m).unit == "dB" else 3
-            out.append(f"{art}: {m} {fmt_metric(m, best['value'])} vs {fmt(best['baseline'], digits)} "
-                       f"({best['attack']})")
-    return out
 
 
 def _client_lines(clients: dict) -> list[str]:
@@ -70,21 +52,55 @@ def _bytes_lines(res, by: dict) -> list[str]:
     return lines
 
 
+def _num(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _ci(r: dict, key: str = "", digits: int | None = None) -> str:
+    """"v [lo, hi]" of a scorecard row's value (key ""), baseline ("baseline") or difference ("diff_fedavg")."""
+    v, lo, hi = (r["value"], r["ci_low"], r["ci_high"]) if not key else \
+        (r[key], r[f"{key}_ci_low" if key == "baseline" else "diff_ci_low"],
+         r[f"{key}_ci_high" if key == "baseline" else "diff_ci_high"])
+    if v in ("", None):
+        return "—"
+    if v == "not measurable":
+        return v
+    d = digits if digits is not None else (1 if T.info(r["metric"].split("|")[0]).unit == "dB" else 3)
+    sign = "+" if key == "diff_fedavg" else ""
+    f = lambda x: f"{_num(x):{sign}.{d}f}"  # noqa: E731
+    same = lo == hi
+    return f(v) + ("" if lo in ("", None) or same else f" [{f(lo)}, {f(hi)}]")
+
+
 def headline(root) -> str:
-    """The scenario's terminal summary: one row per method (dataset x label x sweep variant)."""
+    """The scenario's terminal summary: the scorecard, compact (one row per method, one column per harm: the
+    held-out strongest attack's value vs its baseline, with the adversary), then bytes on the bus."""
     res = T.load([root])
-    acc = {r["key"]: r for r in T.accuracy_table(res)}
-    leak, by, eps = T.leakage_table(res), T.bytes_table(res), T.privacy_table(res)
+    card = SC.scorecard(res)
+    by = T.bytes_table(res)
+    harms = [h for h in ["accuracy"] + list(SC.HARMS) if any(r["harm"] == h for r in card)]
     rows = []
     for g in res.groups():
-        a = acc.get(g)
-        e = eps.get(g)
-        rows.append([res.label(g), (fmt(a["mean"]) + f"  ({len(a['seeds'])} seed{'s' * (len(a['seeds']) != 1)})") if a else "—",
-                     "\n".join(_leak_lines(leak, g)) or "—",
-                     f"{e['epsilon']['mean']:.2f}" if e else "—",
-                     f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
-    out = [text_table(["method", "held-out acc (mean over targets ± std over seeds)",
-                       "strongest leakage per artifact, mean ± std over attacked runs: metric value vs baseline (attack)", "ε", "MB/run"], rows)]
+        mine = [r for r in card if (r["dataset"], r["method"], r["variant"]) == g]
+        cells = []
+        for h in harms:
+            rs = [r for r in mine if r["harm"] == h]
+            if h == "accuracy":
+                cells.append("\n".join(f"{_ci(r)}" + (f"\nΔ {_ci(r, 'diff_fedavg')}" if r["diff_fedavg"] else "")
+                                       for r in rs) or "—")
+            else:
+                cells.append("\n".join(f"{r['adversary'][:6]}: {_ci(r)} vs {_ci(r, 'baseline')}" for r in rs) or "—")
+        eps = next((r["epsilon"] for r in mine), "inf")
+        rows.append([res.label(g)] + cells + [eps, f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
+    names = {"accuracy": "held-out acc [95% CI]", "reconstruction": "recon PSNR dB", "membership": "membership AUC",
+             "domain": "domain bal. acc", "class": "class acc", "label_distribution": "label counts acc",
+             "dataset_size": "size rel. error"}
+    out = ["privacy scorecard (scorecard.csv): value [95% CI] vs trivial baseline; strongest victim/round chosen "
+           "on held-out halves; Δ: paired difference to FedAvg",
+           text_table(["method"] + [names[h] for h in harms] + ["ε", "MB/run"], rows)]
     failed = [r["run"] for r in res.runs if r.get("status") != "ok"]
     if failed:
         out.append(f"failed runs ({len(failed)}): " + ", ".join(failed))
@@ -124,8 +140,9 @@ def _leakage_md(res, leak, controls) -> list[str]:
     if not leak:
         return ["## Leakage", "", "No leakage.csv in these run folders (no attacks ran).", ""]
     md = ["## Leakage", "",
-          "Per method, attack, artifact and metric: for each run the strongest value over victims and rounds "
-          "(largest; smallest for error metrics), then mean ± std over runs (targets × seeds); "
+          "Every attack output, for reference: per method, attack, artifact and metric, for each run the strongest "
+          "value over victims and rounds (largest; smallest for error metrics; this maximum is biased upwards, the "
+          "scorecard's held-out value is the one to compare), then mean ± std over runs (targets × seeds); "
           "\"strongest run\" is the strongest of those runs. Baseline: the attack's trivial baseline on the same "
           "rows (mean image, chance, prior), averaged the same way. A failed positive control makes the numbers "
           "\"not measurable\".", ""]
@@ -167,28 +184,75 @@ def _leakage_md(res, leak, controls) -> list[str]:
     return md
 
 
-def _pareto_md(res, acc, files) -> list[str]:
+def _scorecard_md(res, card) -> list[str]:
+    md = ["## Privacy scorecard", "",
+          "One row per method, harm and adversary (scorecard.csv). **value**: per run (held-out target × seed) "
+          "the strongest attack output (attack × artifact × variant × victim × round) is chosen on one half of "
+          "the images/candidates and scored on the other half (selection \"heldout\"; \"single\" when there is "
+          "one candidate), then the mean over runs. **baseline**: the trivial attack (mean or flat image, chance, "
+          "prior), chosen and scored the same way. Brackets: 95% bootstrap interval over the items of each run "
+          "and over runs (fdg_audit/metrics/stats.py). **Δ FedAvg**: this cell minus FedAvg's cell, paired by "
+          "target and seed: the leakage (or accuracy) a method adds by what it sends beyond FedAvg's weights. "
+          "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
+    for ds in dict.fromkeys(r["dataset"] for r in card):
+        body = [[r["method"] + r["variant"], r["harm"], r["adversary"] or "—", r["metric"], _ci(r),
+                 _ci(r, "baseline"), _ci(r, "diff_fedavg"),
+                 f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["assumes"] or "—", r["control"],
+                 r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
+                 r["epsilon"]]
+                for r in card if r["dataset"] == ds]
+        md += [f"### {ds}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
+                                          "baseline [95% CI]", "Δ FedAvg [95% CI]", "attack (artifact)",
+                                          "attacker assumes", "control", "selection", "runs / items", "ε"], body), ""]
+    return md
+
+
+def _differences_md(res) -> list[str]:
+    diffs = SC.accuracy_differences(res)
+    if not diffs:
+        return []
+    md = ["### Which accuracy differences are real", "",
+          "Paired by held-out target and seed: the mean difference of held-out accuracy and its 95% interval "
+          "(seeds redrawn within each target). An interval that excludes 0 is distinguishable from zero.", ""]
+    for ds in dict.fromkeys(d["dataset"] for d in diffs):
+        rs = [d for d in diffs if d["dataset"] == ds]
+        yes = [f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" for d in rs
+               if d["distinguishable"]]
+        no = [f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" for d in rs
+              if not d["distinguishable"]]
+        md += [f"- **{ds}** ({rs[0]['n']} paired runs): distinguishable from zero: " + ("; ".join(yes) or "none")
+               + ". Not distinguishable: " + ("; ".join(no) or "none") + "."]
+    return md + [""]
+
+
+def _victims_md(res) -> list[str]:
+    rows = SC.per_victim(res)
+    if not rows:
+        return []
+    md = ["### Reconstruction per victim domain", "",
+          "Mean PSNR (dB) over runs of each victim's reconstructions, per attack and variant (leakage.csv; no "
+          "selection, every victim shown), with the trivial baseline.", ""]
+    for key in dict.fromkeys((r["key"], r["attack"]) for r in rows):
+        rs = [r for r in rows if (r["key"], r["attack"]) == key]
+        victims = list(dict.fromkeys(r["victim"] for r in rs))
+        outs = list(dict.fromkeys(r["output"] for r in rs))
+        cell = {(r["output"], r["victim"]): r for r in rs}
+        body = [[o or "main"] + [fmt(cell[(o, v)]["value"], 1) if (o, v) in cell else "—" for v in victims]
+                for o in outs]
+        body.append(["baseline"] + [fmt(next(r["baseline"] for r in rs if r["victim"] == v), 1) for v in victims])
+        md += [f"**{res.label(key[0])}, {key[1]}**", "", md_table(["variant"] + victims, body), ""]
+    return md
+
+
+def _tradeoff_md(res, files) -> list[str]:
     if not files:
         return []
-    md = ["## Accuracy versus leakage", "",
-          "x: per run the strongest value of the metric over every measurable attack, artifact, victim and round, "
-          "mean ± std over runs; y: held-out accuracy (mean over targets ± std over seeds). Black-edged points "
-          "are Pareto-optimal (no other method is at least as accurate and leaks at most as much); grey × is "
-          "the attack's trivial baseline.", ""]
-    accs = {r["key"]: r for r in acc}
-    for metric, f in files:
-        leak = T.method_leakage(res, metric)
-        gs = [g for g in leak if g in accs and accs[g]["mean"]["n"]]
-        for ds in dict.fromkeys(g[0] for g in gs):
-            sel = [g for g in gs if g[0] == ds]
-            if f != f"pareto_{T.slug(ds)}_{T.slug(metric)}.png":
-                continue
-            front = T.pareto_front([(leak[g]["value"]["mean"], accs[g]["mean"]["mean"]) for g in sel],
-                                   T.info(metric).higher)
-            missing = [res.label(g) for g in res.groups() if g[0] == ds and g not in sel]
-            md += [f"### {metric} ({ds})", "", _img(f, f"accuracy vs {metric}"), "",
-                   "Pareto front: " + ", ".join(res.label(g) for g, on in zip(sel, front) if on) + "."
-                   + (f" Not measured with this metric: {', '.join(missing)}." if missing else ""), ""]
+    md = ["## Accuracy versus each harm", "",
+          "One figure per harm and dataset family: every method (marker: adversary) at its scorecard value and "
+          "held-out accuracy, with 95% intervals both ways; black-edged points are Pareto-optimal (no other point is "
+          "at least as accurate and leaks at most as much); grey × is the trivial baseline.", ""]
+    for ds, harm, f in files:
+        md += [f"### {harm} ({ds})", "", _img(f, f"accuracy vs {harm}"), ""]
     return md
 
 
@@ -233,8 +297,14 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     runs_md = status_lines(run_dirs)   # checks each folder first: damage is one line, not a traceback
     res = T.load(run_dirs)
     acc, leak, by, eps = T.accuracy_table(res), T.leakage_table(res), T.bytes_table(res), T.privacy_table(res)
+    card = SC.scorecard(res)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=SC.FIELDS)
+    w.writeheader()
+    w.writerows(card)
+    atomic_write(out / "scorecard.csv", buf.getvalue())
     acc_files = P.accuracy(res, acc, plots) + P.sweep(res, acc, plots)
-    par_files = P.pareto(res, acc, plots)
+    trade_files = P.tradeoff(res, card, plots)
     byte_files = P.bytes_per_round(res, by, plots)
     eps_files = P.privacy(res, acc, eps, plots)
     roc_files, rec_files = P.roc(res, plots), P.recon(res, plots)
@@ -245,7 +315,8 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
           + (f", {len(failed)} failed" if failed else "") + ".", ""]
     md += runs_md + [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
     md += [f"- note: {n}" for n in res.notes] + ([""] if failed or res.notes else [])
-    md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls) + _pareto_md(res, acc, par_files)
+    md += _scorecard_md(res, card) + _differences_md(res) + _victims_md(res) + _tradeoff_md(res, trade_files)
+    md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += _bytes_md(res, by, byte_files) + _privacy_md(res, acc, eps, eps_files)
     if roc_files:
         md += ["## Membership inference ROC", "", "Log-log ROC, scores pooled over each method's runs and victims; "
@@ -256,7 +327,6 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
                "so a shifted or flipped image can score high); row 3: the attack's trivial baseline. One example "
                "run and victim per method and attack variant.", ""] + \
             [_img(f, "reconstructions") for f in rec_files] + [""]
-    from ..ledger import atomic_write
     path = out / "report.md"
     atomic_write(path, "\n".join(md))
     return path

@@ -108,48 +108,60 @@ def sweep(res: T.Results, acc: list[dict], out: Path) -> list[str]:
     return files
 
 
-def pareto(res: T.Results, acc: list[dict], out: Path) -> list[tuple[str, str]]:
-    """Accuracy against the strongest leakage, one figure per (dataset, metric), Pareto front marked.
-    Returns (metric, file) pairs."""
+def _num(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def tradeoff(res: T.Results, card: list[dict], out: Path) -> list[tuple[str, str, str]]:
+    """Accuracy against each harm, one figure per (dataset, harm): every method (and adversary) on the same axes,
+    95% intervals as error bars both ways, the trivial baseline as a grey x, the Pareto front marked (no other
+    point is at least as accurate and leaks at most as much). Returns (dataset, harm, file) triples."""
     files, col = [], colors(res)
-    accs = {r["key"]: r for r in acc}
-    metrics = [m for m in dict.fromkeys(r["metric"] for r in res.leakage) if m not in T.NOT_LEAKAGE]
-    datasets = list(dict.fromkeys(g[0] for g in res.groups()))
-    for metric in metrics:
-        leak = T.method_leakage(res, metric)
-        mi = T.info(metric)
-        for ds in datasets:
-            gs = [g for g in leak if g[0] == ds and g in accs and accs[g]["mean"]["n"]]
-            if not gs:
+    acc = {(r["dataset"], r["method"], r["variant"]): r for r in card if r["harm"] == "accuracy"}
+    marks = {"server": "o", "client": "s", "eavesdropper": "^"}
+    for ds in dict.fromkeys(g[0] for g in res.groups()):
+        for harm in dict.fromkeys(r["harm"] for r in card if r["harm"] != "accuracy" and r["dataset"] == ds):
+            pts = []
+            for r in card:
+                g = (r["dataset"], r["method"], r["variant"])
+                x = _num(r["value"])
+                if r["dataset"] != ds or r["harm"] != harm or g not in acc or math.isnan(x):
+                    continue
+                pts.append((g, r, x, _num(acc[g]["value"])))
+            if not pts:
                 continue
-            pts = [(leak[g]["value"]["mean"], accs[g]["mean"]["mean"]) for g in gs]
-            front = T.pareto_front(pts, mi.higher)
+            mi = T.info(pts[0][1]["metric"].split("|")[0])
+            front = T.pareto_front([(x, y) for _, _, x, y in pts], mi.higher)
             fig = _fig(8.6, 4.8)
             ax = fig.subplots()
-            for g, (x, y), on in zip(gs, pts, front):
-                lv, a = leak[g]["value"], accs[g]["mean"]
-                ax.errorbar(x, y, xerr=0 if math.isnan(lv["std"]) else lv["std"],
-                            yerr=0 if math.isnan(a["std"]) else a["std"], fmt="o", ms=8 if on else 6,
-                            color=col[g], mec="k" if on else col[g], mew=1.5, capsize=2,
-                            label=f"{res.label(g)} ({lv['n']} attacked run{'s' * (lv['n'] != 1)})")
-                b = leak[g]["baseline"]["mean"]
+            for (g, r, x, y), on in zip(pts, front):
+                a = acc[g]
+                xe = [[max(0.0, x - _num(r["ci_low"]))], [max(0.0, _num(r["ci_high"]) - x)]]
+                ye = [[max(0.0, y - _num(a["ci_low"]))], [max(0.0, _num(a["ci_high"]) - y)]]
+                xe, ye = [[0 if math.isnan(v[0]) else v[0]] for v in xe], [[0 if math.isnan(v[0]) else v[0]] for v in ye]
+                ax.errorbar(x, y, xerr=xe, yerr=ye, fmt=marks.get(r["adversary"], "o"), ms=8 if on else 6,
+                            color=col.get(g, "k"), mec="k" if on else col.get(g, "k"), mew=1.5, capsize=2,
+                            label=f"{res.label(g)}, {r['adversary']} ({r['attack']}; {r['n_runs']} runs)")
+                b = _num(r["baseline"])
                 if not math.isnan(b):
-                    ax.plot([b, x], [y, y], color=col[g], lw=0.7, ls=":")
+                    ax.plot([b, x], [y, y], color=col.get(g, "k"), lw=0.7, ls=":")
                     ax.plot(b, y, "x", color="0.35", ms=7)
-            order = sorted((p for p, on in zip(pts, front) if on), key=lambda p: p[0])
+            order = sorted(((x, y) for (_, _, x, y), on in zip(pts, front) if on), key=lambda p: p[0])
             ax.plot([p[0] for p in order], [p[1] for p in order], "k-", lw=1.2, alpha=0.6,
                     label="Pareto front (black-edged points)")
-            ax.plot([], [], "x", color="0.35", label="attack's trivial baseline (same run)")
+            ax.plot([], [], "x", color="0.35", label="trivial baseline (selected the same way)")
             unit = f" ({mi.unit})" if mi.unit else ""
             more = "→ more leakage" if mi.higher else "← more leakage (lower error)"
-            ax.set_xlabel(f"{metric}{unit}: strongest over attacks, artifacts, victims, rounds   {more}")
-            ax.set_ylabel("held-out accuracy, mean over targets")
-            ns = _seeds([accs[g] for g in gs])
-            ax.set_title(f"{ds}: accuracy vs leakage ({metric}: {mi.text})\ny: mean ± std over {ns}; "
-                         "x: mean ± std over the attacked runs; grey x: the attack's trivial baseline", fontsize=9)
+            ax.set_xlabel(f"{harm}: {pts[0][1]['metric']}{unit}, held-out strongest attack   {more}")
+            ax.set_ylabel("held-out accuracy (mean over targets and seeds)")
+            ax.set_title(f"{ds}: accuracy vs {harm}\nerror bars: 95% bootstrap intervals (scorecard.csv); "
+                         "marker: adversary (o server, □ client, △ eavesdropper)", fontsize=9)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-            files.append((metric, _save(fig, out, f"pareto_{T.slug(ds)}_{T.slug(metric)}.png")))
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+            files.append((ds, harm, _save(fig, out, f"tradeoff_{T.slug(ds)}_{T.slug(harm)}.png")))
     return files
 
 

@@ -98,6 +98,7 @@ class Results:
     attack_notes: list = field(default_factory=list)  # leakage.csv rows without a number (skipped, failed)
     recon: list = field(default_factory=list)       # dict(attack, run, victim, variant, path)
     mia: list = field(default_factory=list)         # dict(attack, run, path): raw membership scores of one run
+    items: list = field(default_factory=list)       # dict(attack, run, path): per-item values (attack._save_items)
     scenarios: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -192,6 +193,9 @@ def load(run_dirs) -> Results:
         for p in sorted((root / "mia").glob("*/*.npz")):
             if p.stem in safe:
                 res.mia.append(dict(attack=p.parent.name, run=safe[p.stem], path=p))
+        for p in sorted((root / "items").glob("*/*.npz")):
+            if p.stem in safe:
+                res.items.append(dict(attack=p.parent.name, run=safe[p.stem], path=p))
     return res
 
 

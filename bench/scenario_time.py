@@ -1,0 +1,91 @@
+"""Time a scenario end to end and the share of each phase: training, evaluation, each attack, the report.
+
+    python bench/scenario_time.py [SCENARIO] [--threads N] [--set key=value ...]
+
+Default: scenarios/feddg_vs_csac.toml (the main job; its promise is 10 minutes on 2 CPU cores). Runs the
+scenario in this process and wraps, without changing them, ``run_federation`` (training + evaluation),
+``federation.accuracy`` (evaluation), each attack's ``control`` and ``run`` and the scorer (per attack), and
+``write_report``. It prints wall time and CPU time (this process and its children) per phase, and each phase's
+share of the total. On a shared machine wall time is inflated by the other processes; the CPU-time shares stay
+comparable, and with ``--threads 1`` the CPU time is the single-core work, an upper bound of the wall time on an
+idle machine with one core free for this job.
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import fdg_audit.attack as A          # noqa: E402
+import fdg_audit.federation as F      # noqa: E402
+import fdg_audit.report as R          # noqa: E402
+import fdg_audit.runner as RUN        # noqa: E402
+
+WALL, CPU = defaultdict(float), defaultdict(float)
+
+
+def cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def timed(phase, fn):
+    def wrap(*a, **k):
+        w, c = time.perf_counter(), cpu()
+        try:
+            return fn(*a, **k)
+        finally:
+            WALL[phase] += time.perf_counter() - w
+            CPU[phase] += cpu() - c
+    return wrap
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenario", nargs="?", default=str(ROOT / "scenarios" / "feddg_vs_csac.toml"))
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the scenario's)")
+    ap.add_argument("--set", nargs="*", default=[], dest="sets")
+    ap.add_argument("--out", default="/tmp/fdg_bench_runs")
+    a = ap.parse_args()
+    sets = list(a.sets) + ([f"threads={a.threads}"] if a.threads else [])
+
+    F.accuracy = timed("evaluation", F.accuracy)
+    fed = RUN.run_federation
+    RUN.run_federation = lambda spec, *a, **k: timed(f"training {spec.method}", fed)(spec, *a, **k)
+    make = A._make
+
+    def make_timed(cfg, device):
+        label, atk = make(cfg, device)
+        atk.run = timed(f"attack {label}", atk.run)
+        atk.control = timed(f"attack {label}", atk.control)
+        return label, atk
+    A._make = make_timed
+    A.score = timed("scoring", A.score)
+    R.write_report = timed("report", R.write_report)
+    import fdg_audit.report  # noqa: F401  (runner imports write_report from here at call time)
+
+    w0, c0 = time.perf_counter(), cpu()
+    root = RUN.run_scenario(a.scenario, sets, out=a.out, quiet=True)
+    wall, total = time.perf_counter() - w0, cpu() - c0
+    for d in (WALL, CPU):   # training phases include their evaluation: split it off pro rata
+        train = [k for k in d if k.startswith("training ")]
+        tot = sum(d[k] for k in train)
+        for k in train:
+            d[k] -= d["evaluation"] * d[k] / max(tot, 1e-9)
+    WALL["other (plan, ledger, attack harness)"] = wall - sum(WALL.values())
+    CPU["other (plan, ledger, attack harness)"] = total - sum(CPU.values())
+    print(f"scenario {a.scenario} -> {root}")
+    print(f"total: wall {wall:.1f} s ({wall / 60:.2f} min), CPU {total:.1f} s ({total / 60:.2f} min)")
+    print(f"{'phase':<44} {'wall s':>8} {'CPU s':>8} {'CPU share':>9}")
+    for k in sorted(CPU, key=lambda k: -CPU[k]):
+        print(f"{k:<44} {WALL[k]:>8.1f} {CPU[k]:>8.1f} {CPU[k] / max(total, 1e-9):>9.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The privacy scorecard: one comparable row per (dataset, method, variant, harm, adversary), plus accuracy rows.
+
+``scorecard(res) -> list[dict]`` with the columns of ``FIELDS`` (written as scorecard.csv by ``write_report``):
+  * harm: accuracy | reconstruction | membership | domain | class | label_distribution | dataset_size, measured
+    by the metric in ``HARMS`` (class: the balanced accuracy of a class attribute attack, or the accuracy of the
+    labels an inversion attack recovers; both have chance 1/K). adversary: server | client | eavesdropper.
+  * value: per run (held-out target x seed), every measurable output of every attack for that harm and
+    adversary (attack x artifact x output variant x victim x round) is a candidate; the strongest candidate is
+    chosen on half of the items and scored on the other half (``selection = "heldout"``;
+    fdg_audit.metrics.stats.heldout), or scored on all items when there is one candidate ("single"). Estimates
+    (label counts, dataset size) have one value per victim, so their items are the victims. The value is the mean
+    over runs; ci_low/ci_high: the 95% two-stage bootstrap (runs, then items within each run;
+    fdg_audit.metrics.stats).
+  * baseline: the trivial attack's value, chosen and scored the same way on its own per-item values where it has
+    them (reconstruction: mean / flat images; dataset size: the attacker's own public set size), else the constant
+    of leakage.csv (0.5 AUC, chance 1/K), whose interval is that constant.
+  * diff_fedavg: value minus FedAvg's value for the same dataset, variant, harm and adversary, paired by held-out
+    target and seed (the same run draws in both bootstraps); empty for FedAvg itself and where FedAvg has no
+    such cell. For accuracy: the paired difference of held-out accuracy; its interval redraws seeds within each
+    target (accuracy has no per-image values in the run folder, so test-set sampling is not in it).
+  * accuracy value: mean over runs of held-out accuracy (the round chosen on source validation), interval from
+    redrawing seeds within each target; baseline: chance 1/K.
+  * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
+    measurable"), none (the attacks have no controls). epsilon: the largest ε any client spent by the end of the
+    run (privacy.csv), max over the cell's runs; "inf" without DP.
+"""
+from __future__ import annotations
+
+import zlib
+from collections import Counter, defaultdict
+
+import numpy as np
+
+from ..metrics import stats as S
+from . import tables as T
+
+FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "adversary", "metric", "value", "ci_low", "ci_high",
+          "baseline", "baseline_ci_low", "baseline_ci_high", "diff_fedavg", "diff_ci_low", "diff_ci_high", "attack",
+          "artifact", "assumes", "control", "selection", "n_runs", "n_items"]
+HARMS = {"reconstruction": ("psnr",), "membership": ("auc",), "domain": ("domain_balanced_acc",),
+         "class": ("class_balanced_acc", "label_acc"), "label_distribution": ("label_count_acc",),
+         "dataset_size": ("n_samples_rel_error",)}
+HARM_OF = {m: h for h, ms in HARMS.items() for m in ms}
+ESTIMATES = {"label_count_acc", "n_samples_rel_error"}   # one value per victim: the victims are the items
+AUX_WORDS = {"public": "public target-domain images", "domain_samples": "public samples of each source domain",
+             "candidates": "a pool of the victim's members and non-members"}
+OUTPUT_WORDS = {"box": "box constraint only", "support": "support mask from public images",
+                "support_domain": "support mask from same-site public images",
+                "support_frame": "known-layout support frame", "perturbed": "perturbed copies of the candidates",
+                "sent": "reads the value the client sent"}
+
+
+def role(adversary: str) -> str:
+    return adversary if adversary in ("server", "eavesdropper") else "client"
+
+
+def assumes(attack: str, output: str) -> str:
+    from ..plugins import load_attack
+    try:
+        aux = load_attack(attack).aux
+    except Exception:  # a label that is not a plugin name: say nothing rather than guess
+        aux = ()
+    words = [AUX_WORDS[a] for a in aux if a in AUX_WORDS] or ["no auxiliary data"]
+    words += [OUTPUT_WORDS[o] for o in output.split("/") if o in OUTPUT_WORDS]
+    return "; ".join(words)
+
+
+def _candidates(res: T.Results) -> dict:
+    """{(group, harm, role): {run: [candidate]}} with candidate = dict(attack, artifact, output, metric, items,
+    base, baseline (constant), ok (control passed))."""
+    from ..attack import load_items
+    gof = res.group_of()
+    out = defaultdict(lambda: defaultdict(list))
+    for f in res.items:
+        if f["run"] not in gof:
+            continue
+        est = defaultdict(list)
+        for r in load_items(f["path"]):
+            if r["metric"] not in HARM_OF or str(r.get("victim")) == "pooled" and r["metric"] in ESTIMATES:
+                continue
+            c = dict(attack=r["attack"], artifact=r["artifact"], output=r["output"] or "", metric=r["metric"],
+                     items=r["items"], base=r["base"], ok=str(r.get("status", "ok")) in ("ok", ""),
+                     role=role(str(r["adversary"])), round=r["round"])
+            if r["metric"] in ESTIMATES:
+                est[tuple(c[k] for k in ("attack", "artifact", "output", "metric", "role", "round", "ok"))].append(c)
+            else:
+                out[(gof[f["run"]], HARM_OF[r["metric"]], c["role"])][f["run"]].append(c)
+        for cs in est.values():   # an estimate's items are the victims
+            cat = lambda k: None if any(c[k] is None for c in cs) else S.Items(  # noqa: E731
+                "mean", np.concatenate([c[k].x for c in cs]), ids=np.concatenate([c[k].ids for c in cs]))
+            c = dict(cs[0], items=cat("items"), base=cat("base"))
+            out[(gof[f["run"]], HARM_OF[c["metric"]], c["role"])][f["run"]].append(c)
+    return out
+
+
+def _constant_baseline(res: T.Results) -> dict:
+    """{(run, attack, artifact, output, metric): baseline} from leakage.csv (constants such as chance)."""
+    return {(r["run"], r["attack"], r["artifact"], r.get("output", ""), r["metric"]): r["baseline"]
+            for r in res.leakage}
+
+
+def _mode(values) -> str:
+    c = Counter(values)
+    return "|".join(v for v, _ in c.most_common())
+
+
+def _fmt(x) -> str:
+    return "" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.6g}"
+
+
+def _select(run: str, cands: list, const: dict) -> dict:
+    """The held-out choice in one run: value items, baseline (items or constant), the chosen candidate."""
+    cands = [c for c in cands if c["ok"]] or cands
+    higher = T.info(cands[0]["metric"]).higher
+    salt = zlib.crc32(run.encode())
+    i, items, sel = S.heldout([c["items"] for c in cands], higher, salt)
+    chosen = cands[i]
+    if all(c["base"] is not None for c in cands):
+        j, base, _ = S.heldout([c["base"] for c in cands], higher, salt)
+    else:
+        base = const.get((run, chosen["attack"], chosen["artifact"], chosen["output"], chosen["metric"]), np.nan)
+    return dict(items=items, base=base, chosen=chosen, selection=sel, ok=chosen["ok"])
+
+
+def _stat_base(bases: list) -> tuple:
+    if all(isinstance(b, S.Items) for b in bases):
+        return S.estimate(bases)
+    v = float(np.nanmean([b.stat() if isinstance(b, S.Items) else b for b in bases]))
+    return v, v, v
+
+
+def scorecard(res: T.Results) -> list[dict]:
+    """Rows of scorecard.csv (see the module doc), accuracy rows first within each group."""
+    by_run = {r["run"]: r for r in res.ok}
+    eps = {}   # per group: the largest ε any party spent in any of its runs (privacy.csv)
+    gof = res.group_of()
+    for r in res.privacy:
+        if r["run"] in gof and np.isfinite(r["epsilon"]):
+            eps[gof[r["run"]]] = max(eps.get(gof[r["run"]], 0.0), r["epsilon"])
+    has_controls = {c["attack"] for c in res.controls}
+    const = _constant_baseline(res)
+    plugin = {T.gkey(r): r.get("plugin", r.get("method")) for r in res.ok}
+
+    def fedavg(g):
+        same = [h for h in res.groups() if h[0] == g[0] and plugin.get(h) == "fedavg"]
+        return next((h for h in same if h[2] == g[2]), None) or next((h for h in same if not h[2]), None)
+
+    def base_row(g, harm, adversary, metric):
+        return dict(dataset=g[0], method=g[1], variant=g[2], harm=harm, adversary=adversary, metric=metric,
+                    epsilon=_fmt(eps[g]) if g in eps else "inf")
+    rows = []
+    # accuracy
+    acc = defaultdict(dict)
+    for r in res.ok:
+        if r.get("target_acc") is not None:
+            acc[T.gkey(r)][(r["target"], r["seed"])] = float(r["target_acc"])
+    for g in res.groups():
+        if g not in acc:
+            continue
+        keys = sorted(acc[g])
+        v = np.array([acc[g][k] for k in keys])
+        strata = np.array([k[0] for k in keys])
+        m, lo, hi = S.paired_values(v, np.zeros_like(v), strata)
+        k = next((r.get("num_classes") for r in res.ok if T.gkey(r) == g), None)
+        row = base_row(g, "accuracy", "", "target_acc") | dict(
+            value=_fmt(m), ci_low=_fmt(lo), ci_high=_fmt(hi), baseline=_fmt(1 / k if k else np.nan),
+            baseline_ci_low=_fmt(1 / k if k else np.nan), baseline_ci_high=_fmt(1 / k if k else np.nan),
+            control="none", selection="", n_runs=len(keys), n_items="", attack="", artifact="", assumes="")
+        f = fedavg(g)
+        if f is not None and f != g:
+            common = [k for k in keys if k in acc[f]]
+            if common:
+                d = S.paired_values(np.array([acc[g][k] for k in common]), np.array([acc[f][k] for k in common]),
+                                    np.array([k[0] for k in common]))
+                row |= dict(diff_fedavg=_fmt(d[0]), diff_ci_low=_fmt(d[1]), diff_ci_high=_fmt(d[2]))
+        rows.append(row)
+    # leakage
+    cells = _candidates(res)
+    chosen = {}
+    for (g, harm, adv), per_run in cells.items():
+        sel = {run: _select(run, cs, const) for run, cs in sorted(per_run.items())}
+        chosen[(g, harm, adv)] = sel
+    order = {g: i for i, g in enumerate(res.groups())}
+    for (g, harm, adv), sel in sorted(chosen.items(), key=lambda kv: (order.get(kv[0][0], 0),
+                                                                      list(HARMS).index(kv[0][1]), kv[0][2])):
+        runs = list(sel)
+        ok = any(s["ok"] for s in sel.values())
+        attacks = [s["chosen"]["attack"] for s in sel.values()]
+        control = "failed" if not ok else "passed" if all(a in has_controls for a in set(attacks)) else "none"
+        row = base_row(g, harm, adv, _mode(s["chosen"]["metric"] for s in sel.values())) | dict(
+            attack=_mode(attacks), artifact=_mode(s["chosen"]["artifact"] for s in sel.values()),
+            assumes=" | ".join(dict.fromkeys(assumes(s["chosen"]["attack"], s["chosen"]["output"])
+                                             for s in sel.values())),
+            control=control, selection=_mode(s["selection"] for s in sel.values()), n_runs=len(runs),
+            n_items=sum(len(s["items"]) for s in sel.values()))
+        if not ok:
+            rows.append(row | dict(value="not measurable"))
+            continue
+        m, lo, hi = S.estimate([s["items"] for s in sel.values()], seed=zlib.crc32(repr((g, harm, adv)).encode()))
+        b, blo, bhi = _stat_base([s["base"] for s in sel.values()])
+        row |= dict(value=_fmt(m), ci_low=_fmt(lo), ci_high=_fmt(hi), baseline=_fmt(b), baseline_ci_low=_fmt(blo),
+                    baseline_ci_high=_fmt(bhi))
+        f = fedavg(g)
+        fsel = chosen.get((f, harm, adv)) if f is not None and f != g else None
+        if fsel:
+            tag = lambda run: (by_run[run]["target"], by_run[run]["seed"])  # noqa: E731
+            fr = {tag(r): s for r, s in fsel.items() if fsel[r]["ok"]}
+            pairs = [(s["items"], fr[tag(r)]["items"]) for r, s in sel.items() if tag(r) in fr]
+            if pairs:
+                d = S.paired([a for a, _ in pairs], [b for _, b in pairs])
+                row |= dict(diff_fedavg=_fmt(d[0]), diff_ci_low=_fmt(d[1]), diff_ci_high=_fmt(d[2]))
+        rows.append(row)
+    return [{k: r.get(k, "") for k in FIELDS} for r in rows]
+
+
+def accuracy_differences(res: T.Results) -> list[dict]:
+    """Every pair of methods of a dataset (and variant): the paired difference of held-out accuracy by target
+    and seed with its interval, and whether the interval excludes zero."""
+    acc = defaultdict(dict)
+    for r in res.ok:
+        if r.get("target_acc") is not None:
+            acc[T.gkey(r)][(r["target"], r["seed"])] = float(r["target_acc"])
+    out, gs = [], [g for g in res.groups() if g in acc]
+    for i, a in enumerate(gs):
+        for b in gs[i + 1:]:
+            if a[0] != b[0]:
+                continue
+            common = sorted(set(acc[a]) & set(acc[b]))
+            if not common:
+                continue
+            d, lo, hi = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
+                                        np.array([k[0] for k in common]))
+            out.append(dict(dataset=a[0], a=res.label(a), b=res.label(b), diff=d, lo=lo, hi=hi, n=len(common),
+                            distinguishable=bool(lo > 0 or hi < 0)))
+    return out
+
+
+def per_victim(res: T.Results, metric: str = "psnr") -> list[dict]:
+    """Reconstruction per victim domain: for each group, attack and output variant, the mean over runs (and
+    rounds) of the per-victim ``metric`` in leakage.csv, and its baseline."""
+    gof = res.group_of()
+    by = defaultdict(list)
+    for r in res.leakage:
+        if r["metric"] == metric and r["run"] in gof and r["victim"] != "pooled" and r.get("status") in ("ok", ""):
+            by[(gof[r["run"]], r["attack"], r["output"], r["victim"])].append(r)
+    return [dict(key=g, attack=a, output=o, victim=v, value=T.stat(r["value"] for r in rs),
+                 baseline=T.stat(r["baseline"] for r in rs)) for (g, a, o, v), rs in by.items()]

@@ -1,0 +1,163 @@
+"""Scorecard statistics: interval coverage, unbiased held-out selection, `attacks = "all"` selection."""
+import numpy as np
+import pytest
+
+from fdg_audit.metrics import stats as S
+
+
+def test_bootstrap_interval_covers_the_true_value_about_95_percent():
+    rng = np.random.default_rng(0)
+    hits = []
+    for rep in range(200):   # 3 runs (seeds) x 40 items of a metric whose true mean is 0.3
+        runs = [S.Items("mean", rng.normal(0.3, 1.0, 40), ids=np.arange(40)) for _ in range(3)]
+        _, lo, hi = S.estimate(runs, seed=rep)
+        hits.append(lo <= 0.3 <= hi)
+    assert 0.9 <= np.mean(hits) <= 0.99, np.mean(hits)
+
+
+def test_auc_interval_covers_and_matches_the_metrics_module():
+    from fdg_audit import metrics as M
+    rng = np.random.default_rng(1)
+    y = np.r_[np.ones(60), np.zeros(60)].astype(int)
+    s = rng.normal(0, 1, 120) + 0.5 * y
+    it = S.Items("auc", s, y, np.arange(120))
+    assert it.stat() == pytest.approx(M.auc(s, y))
+    hits = []
+    for rep in range(200):   # true AUC of N(0.5, 1) vs N(0, 1): Phi(0.5 / sqrt 2)
+        y = np.r_[np.ones(60), np.zeros(60)].astype(int)
+        runs = [S.Items("auc", rng.normal(0, 1, 120) + 0.5 * y, y, np.arange(120))]
+        _, lo, hi = S.estimate(runs, seed=rep)
+        hits.append(lo <= 0.6381 <= hi)
+    assert 0.9 <= np.mean(hits) <= 0.99, np.mean(hits)
+
+
+def test_heldout_selection_on_pure_noise_stays_at_chance_while_the_max_does_not():
+    rng = np.random.default_rng(2)
+    heldout, naive = [], []
+    for run in range(4):   # 4 runs x 12 candidates (victims x rounds) of pure-noise membership scores
+        cands = []
+        for _ in range(12):
+            y = rng.permutation(np.r_[np.ones(50), np.zeros(50)]).astype(int)
+            cands.append(S.Items("auc", rng.random(100), y, np.arange(100) + 1000 * run))
+        i, items, sel = S.heldout(cands, higher=True, salt=run)
+        assert sel == "heldout" and 35 <= len(items) <= 65
+        heldout.append(items)
+        naive.append(max(c.stat() for c in cands))
+    v, lo, hi = S.estimate(heldout)
+    assert lo <= 0.5 <= hi
+    assert np.mean(naive) > 0.56   # the strongest of 12 noisy AUCs is biased upwards
+
+
+def test_heldout_finds_a_real_signal_and_single_candidate_keeps_all_items():
+    rng = np.random.default_rng(3)
+    noise = [S.Items("mean", rng.normal(0, 1, 50), ids=np.arange(50)) for _ in range(5)]
+    signal = S.Items("mean", rng.normal(2, 1, 50), ids=np.arange(50))
+    i, items, sel = S.heldout(noise[:2] + [signal] + noise[2:], higher=True)
+    assert i == 2 and items.stat() > 1.5
+    i, items, sel = S.heldout([signal])
+    assert sel == "single" and len(items) == 50
+
+
+def test_paired_difference_interval():
+    rng = np.random.default_rng(4)
+    a = [S.Items("mean", rng.normal(1.0, 1, 80), ids=np.arange(80)) for _ in range(3)]
+    f = [S.Items("mean", rng.normal(0.0, 1, 80), ids=np.arange(80)) for _ in range(3)]
+    d, lo, hi = S.paired(a, f)
+    assert lo > 0.5 and hi < 1.5 and lo < d < hi
+    d, lo, hi = S.paired_values(np.array([0.80, 0.82, 0.70, 0.71]), np.array([0.80, 0.81, 0.70, 0.72]),
+                                np.array(["a", "a", "b", "b"]))
+    assert lo <= 0 <= hi
+
+
+def test_balanced_accuracy_items():
+    from fdg_audit import metrics as M
+    pred, true = np.array([0, 1, 1, 2, 2, 2]), np.array([0, 1, 2, 2, 2, 0])
+    it = S.Items("balanced_acc", (pred == true).astype(float), true)
+    assert it.stat() == pytest.approx(M.balanced_accuracy(pred, true, 3))
+
+
+# ---------------------------------------------------------------- attacks = "all"
+
+from fdg_audit.attack import Attack  # noqa: E402
+
+
+class WeightsProbe(Attack):
+    """A user plugin named "module:Class" that reads weights (applies to every method here)."""
+    name, consumes, adversary, target = "weights_probe", ("weights",), "server", "membership"
+
+    def run(self, view, aux):
+        return []
+
+
+class StyleProbe(Attack):
+    """A user plugin that reads style banks (applies to no method here)."""
+    name, consumes, adversary, target = "style_probe", ("style_bank",), "client", "attribute"
+
+    def run(self, view, aux):
+        return []
+
+
+def test_attacks_all_selects_exactly_the_attacks_whose_consumes_meet_the_ledger(run_toml):
+    import json
+    from fdg_audit.attack import selection
+    from fdg_audit.plugins import available, load_attack
+    from fdg_audit.scenario import load_raw, parse
+    root = run_toml("""
+        name = "sel"
+        seeds = [0]
+        report = false
+        [data]
+        dataset = "digits"
+        family = "rotated"
+        domains = ["rot0", "rot30", "rot60"]
+        targets = ["rot0"]
+        per_domain = 40
+        [train]
+        rounds = 1
+        [[methods]]
+        name = "fedavg"
+        [[methods]]
+        name = "feddg"
+        bank_content = "full"
+        """)
+    sc = parse(dict(load_raw(root / "config.resolved.toml"),
+                    attacks=[{"name": "all"}, {"name": "test_scorecard:WeightsProbe"},
+                             {"name": "test_scorecard:StyleProbe"}]))
+    cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks]
+    assert {c["name"] for c in cfgs} == set(available("attack")) | {"test_scorecard:WeightsProbe",
+                                                                      "test_scorecard:StyleProbe"}
+    envs = [json.loads(line) for line in (root / "messages.jsonl").read_text().splitlines()]
+    chosen = selection(root, cfgs)
+    assert set(chosen) == {"rotated/fedavg/rot0/s0", "rotated/feddg/rot0/s0"}
+    for run, labels in chosen.items():
+        mine = [e for e in envs if e["run"] == run]
+        clients = sorted({e["sender"] for e in mine} - {"server"})
+        seen = {"server": {e["kind"] for e in mine if "server" in (e["sender"], e["receiver"])},
+                "eavesdropper": {e["kind"] for e in mine},
+                "client": {e["kind"] for e in mine if clients[0] in (e["sender"], e["receiver"])}}
+        want = set()
+        for c in cfgs:
+            atk = load_attack(c["name"])()
+            if set(atk.consumes) & seen[atk.adversary]:
+                want.add(c["label"])
+        assert set(labels) == want
+        assert "test_scorecard:WeightsProbe" in labels and "test_scorecard:StyleProbe" not in labels
+        assert ("amplitude_phase_retrieval" in labels) == ("feddg" in run)
+        assert "update_inversion" in labels and "mia_loss" in labels and "style_inversion" not in labels
+
+
+def test_attacks_all_string_and_bad_keys():
+    from fdg_audit.errors import UserError
+    from fdg_audit.plugins import available
+    from fdg_audit.scenario import parse
+    sc = parse({"attacks": "all"})
+    assert sorted(a.name for a in sc.attacks) == sorted(available("attack"))
+    sc = parse({"attacks": [{"name": "all", "targets": ["x"], "exclude": ["mia_lira"]},
+                            {"name": "update_inversion", "iterations": 5}]})
+    names = [a.name for a in sc.attacks]
+    assert "mia_lira" not in names and names.count("update_inversion") == 1
+    assert all(a.params.get("targets") == ["x"] for a in sc.attacks if a.name != "update_inversion")
+    with pytest.raises(UserError, match="not a setting every attack has"):
+        parse({"attacks": [{"name": "all", "iterations": 5}]})
+    with pytest.raises(UserError, match="not a registered attack"):
+        parse({"attacks": [{"name": "all", "exclude": ["nope"]}]})
