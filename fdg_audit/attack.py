@@ -32,7 +32,7 @@ import torch
 from . import metrics as M
 from .data import Split
 from .errors import UserError
-from .ledger import atomic_write
+from .ledger import Ledger, atomic_write
 from .plugins import available, load_attack
 from .sandbox import AdversaryView, AttackFailed, Aux, Message, run_isolated, view_envelopes  # noqa: F401
 
