@@ -31,7 +31,12 @@ it is a lower bound. ``encoder = "relu"``: three random 3x3 conv + ReLU layers (
 ``encoder_width`` channels): also a lower bound. ``encoder_weights``: a local VGG-19
 state_dict (torchvision's ``vgg19().features`` keys, with or without the ``features.`` prefix), cut at relu4_1,
 ImageNet-normalised input, grey images replicated to RGB; needs torchvision. The style attacks name the encoder in
-their output variants (``encoder_label``).
+their output variants (``encoder_label``). "Lower bound" is relative to VGG relu4_1 (the argument above), not to the
+learned stand-in: on appearance digits (per-image banks of every training image, one seed) the learned encoder gave
+perturbed-copy membership AUC 0.66 against the linear one's 0.96, class balanced accuracy 0.17 against 0.26, pixel
+inversion 9.3 dB against 11.0 (mean-image baseline 5.0); both found the domain every time. The learned encoder is a
+real feature extractor, but small (half its channels are near-constant on digits), so its numbers bound a VGG's
+leak from below too.
 
 The decoder (a deviation: CCST decodes AdaIN(content, style) with AdaIN's public trained decoder, which we do not
 have). The learned encoder brings its own decoder (trained to reconstruct, not with AdaIN's style loss): the
