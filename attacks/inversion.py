@@ -435,11 +435,15 @@ class UpdateInversion(Attack):
         gb = grad_sum(obs["head.bias"], params["head.bias"], pr, [1])
         label = int(recover_labels(gw, gb, torch.full((10,), 0.1, device=dev), 1, 1).argmax())
         y = torch.tensor([label], device=dev)
-        x, _ = invert(net0, params, obs, y, [steps], pr, (1, 28, 28), self.p, self._gen("control"))
+        # at least the default budget: the controls check the algorithm, not a CPU-sized scenario budget
+        import dataclasses
+        cp = dataclasses.replace(self.p, iterations=max(self.p.iterations, Params.iterations),
+                                 restarts=max(self.p.restarts, Params.restarts))
+        x, _ = invert(net0, params, obs, y, [steps], pr, (1, 28, 28), cp, self._gen("control"))
         ps = float(M.psnr(x.clamp(0, 1).cpu(), x0.cpu()).squeeze())
         noise = {k: torch.randn(v.shape, generator=self._gen("noise", k)).to(dev) * v.norm() / v.numel() ** 0.5
                  for k, v in obs.items()}
-        xn, _ = invert(net0, params, noise, y, [steps], pr, (1, 28, 28), self.p, self._gen("control-noise"))
+        xn, _ = invert(net0, params, noise, y, [steps], pr, (1, 28, 28), cp, self._gen("control-noise"))
         pool = d.x.to(dev)
         pn = float(M.psnr(xn.expand_as(pool).clamp(0, 1).cpu(), pool.cpu()).max())
         return [Control("fedsgd_bs1_cnn_small_psnr", "psnr", ps, 20.0),

@@ -153,12 +153,29 @@ def test_padded_images_with_known_support_come_back_exactly():
     assert c.positive and c.passed and c.value >= 60
 
 
+def test_batched_supports_equal_one_shared_support_and_defaults_are_the_attacks_md_budget():
+    gen = torch.Generator().manual_seed(2)
+    x = toy_images(4, 1, 16, gen)[:, 0]
+    sup = torch.zeros(16, 16, dtype=torch.bool)
+    sup[2:14, 2:14] = True
+    a = torch.fft.fft2(x).abs()
+    g1, r1 = retrieve(a, sup, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    g2, r2 = retrieve(a, sup.expand(4, 16, 16), "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    assert torch.allclose(g1, g2, atol=1e-5) and torch.allclose(r1, r2, atol=1e-6)
+    box = torch.ones(16, 16, dtype=torch.bool)     # an all-True mask is the box variant
+    g3, _ = retrieve(a, box, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    g4, _ = retrieve(a, None, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    assert torch.allclose(g3, g4, atol=1e-5)
+    p = PhaseRetrieval.Params()
+    assert (p.hio, p.er, p.restarts) == (1000, 200, 8) and "support_frame" in p.variants
+
+
 def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):
     root = runs("rot", **ROT)
     run_attacks(root, [FAST_PR], quiet=True)
     victims = ["rot15", "rot45"]                     # the curious client is rot0, the first client
     for victim in victims:
-        for variant in ("box", "support", "support_domain"):
+        for variant in ("box", "support", "support_domain", "support_frame"):   # every variant by default
             ps, base = value(root, attack=PR, victim=victim, output=variant, metric="psnr")
             assert ps > base + 5                       # digits on black: positivity alone leaks a lot
             ss, sbase = value(root, attack=PR, victim=victim, output=variant, metric="ssim")
@@ -167,7 +184,7 @@ def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):
     assert {r["victim"] for r in rows(root, attack=PR)} == set(victims)
     assert [c["passed"] for c in controls(root, PR)] == [True]
     grids = list((Path(root) / "recon" / "amplitude_phase_retrieval").glob("*.npz"))
-    assert len(grids) == 6
+    assert len(grids) == 8
     with np.load(grids[0]) as z:
         assert z["recon"].shape == z["truth"].shape == (8, 1, 28, 28)
         assert np.allclose(z["baseline"], z["baseline"][..., :1, :1])   # the flat DC image

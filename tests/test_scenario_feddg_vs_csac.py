@@ -8,12 +8,12 @@ SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "feddg_vs_csac.to
 
 
 def test_named_scenario_runs_small(tmp_path, capsys):
-    tiny = ["train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
+    tiny = ["seeds=[0]", "train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
             "datasets.appearance.per_domain=24", "datasets.appearance.targets=[\"grey\"]",
             "datasets.appearance.domains=[\"grey\", \"colour\", \"texture\"]",
             "datasets.rotated.per_domain=24", "datasets.rotated.targets=[\"rot75\"]",
             "datasets.rotated.domains=[\"rot0\", \"rot45\", \"rot75\"]"]
-    argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:5], "--set", *tiny[5:]]
+    argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:6], "--set", *tiny[6:]]
     assert main(argv) == 0
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])
     summary = json.loads((root / "summary.json").read_text())
@@ -26,3 +26,21 @@ def test_named_scenario_runs_small(tmp_path, capsys):
         assert kinds[f"{d}/fedavg"] == {"n_samples", "weights"}
         assert kinds[f"{d}/feddg"] == {"n_samples", "amplitude_bank", "weights"}
         assert kinds[f"{d}/csac"] == {"weights"}
+
+    # the closing output and report.md open with the scorecard; every method has a reconstruction and a membership
+    # cell on the attacked target (rot75), FedAvg's and CSAC's reconstruction from update inversion of weights
+    out = (root / "report.md").read_text()
+    assert [line for line in out.splitlines() if line.startswith("## ")][0] == "## Privacy scorecard"
+    import csv
+    with open(root / "scorecard.csv", newline="") as f:
+        card = [r for r in csv.DictReader(f) if r["dataset"] == "rotated"]
+    cells = {(r["method"], r["harm"]): r for r in card}
+    for m in ("fedavg", "feddg", "csac"):
+        for h in ("accuracy", "reconstruction", "membership"):
+            assert (m, h) in cells, (m, h)
+    for m in ("fedavg", "csac"):
+        assert cells[(m, "reconstruction")]["attack"] == "update_inversion"
+        assert cells[(m, "reconstruction")]["artifact"] == "weights"
+    assert "amplitude_phase_retrieval" in cells[("feddg", "reconstruction")]["attack"] or \
+        "update_inversion" in cells[("feddg", "reconstruction")]["attack"]
+    assert cells[("feddg", "membership")]["value"] != ""

@@ -1,5 +1,7 @@
-"""Reports: ``write_report(run_dirs, out)`` -> report.md with PNGs in ``out/plots/`` (relative links, so the
-folder can be copied), and ``headline(root)`` -> the terminal table a scenario prints.
+"""Reports: ``write_report(run_dirs, out)`` -> scorecard.csv and report.md (the scorecard first) with PNGs in
+``out/plots/`` (relative links, so the folder can be copied), and ``headline(root)`` -> the compact scorecard a
+scenario prints at the end. The scorecard's definitions (held-out selection, intervals, paired differences) are in
+``scorecard``; per-item values come from items/<attack>/<run>.npz (fdg_audit.attack._save_items).
 
 Inputs per run folder: summary.json, messages.jsonl, and when present leakage.csv, controls.json,
 privacy.csv, recon/<attack>/<run>__<victim>__<variant>.npz (truth, recon, baseline) and mia/<attack>/<run>.npz

@@ -125,7 +125,8 @@ def _select(run: str, cands: list, const: dict) -> dict:
 def _stat_base(bases: list) -> tuple:
     if all(isinstance(b, S.Items) for b in bases):
         return S.estimate(bases)
-    v = float(np.nanmean([b.stat() if isinstance(b, S.Items) else b for b in bases]))
+    v = np.array([b.stat() if isinstance(b, S.Items) else b for b in bases], float)
+    v = float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
     return v, v, v
 
 
