@@ -1,4 +1,5 @@
-"""The vmap cohort against the sequential loop: K FedAvg clients, one local epoch each (GroupNorm cnn_small).
+"""The vmap cohort against the sequential loop: K FedAvg clients of 40 images, one local epoch each (GroupNorm
+cnn_small, batch 32, SGD with momentum and weight decay).
 
     python bench/cohort.py [--clients 16,64,256] [--repeats 3] [--device auto]
 
@@ -24,9 +25,11 @@ from fdg_audit.params import resolve_device
 from methods.fedavg import FedAvg, Params
 
 
-def make(data, k, device):
+def make(data, k, device, n=40):
+    """K clients of n training images each (two steps at batch 32: one full, one masked short batch)."""
     per = math.ceil(k / len(data.domains))
-    doms = [c for d in data.names for c in data.clients(d)[:per]][:k]
+    doms = [fed.Domain(c.name, fed.Split(c.train.x[:n], c.train.y[:n], c.train.idx[:n]), c.val)
+            for d in data.names for c in data.clients(d)[:per]][:k]
     p = Params(lr=0.05, batch_size=32)
     seq = fed.seed_sequence(0, "bench")
     return [FedAvg.Client(dict(id=d.name, params=p, device=device, model_cfg=ModelConfig(), shape=(1, 28, 28, 10),

@@ -130,7 +130,9 @@ def main():
     variants = [v for v in args.variants.split(",") if v]
     if "ray" in variants:
         try:
+            import os
             import ray
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
         except ImportError:
             print("ray: skipped (pip install 'fdg_audit[ray]')")

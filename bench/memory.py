@@ -2,8 +2,9 @@
 
     python bench/memory.py [--rounds 50] [--clients-per-domain 20]
 
-Prints the driver's resident set size (VmRSS) every 5 rounds and the least-squares growth per round over the
-second half of the rounds (warm-up excluded). Two passes run side by side: "as is" (the ledger keeps its in-memory
+Prints the driver's resident set size (VmRSS, after garbage collection and malloc_trim) and its number of live
+Python objects every 5 rounds, and their least-squares growth per round over the second half of the rounds
+(warm-up excluded). Two passes run side by side: "as is" (the ledger keeps its in-memory
 index of envelopes, ``Ledger.envelopes``: metadata, no payload bytes) and "no index" (that list replaced by one
 that keeps nothing), so the growth that is left is the engine's own. Payload bytes go to
 ``payloads/`` as they are recorded and no envelope or payload is kept by the bus or the engine.
@@ -22,6 +23,16 @@ from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, load_data
 from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from methods.fedavg import Params
+
+
+def trim() -> None:
+    """Collect garbage and hand freed heap back to the OS (glibc), so RSS reflects live memory."""
+    gc.collect()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
 
 
 def rss_mb() -> float:
@@ -43,8 +54,8 @@ def one(data, cfg, rounds, keep_index) -> list[tuple[int, float]]:
 
     def on_round(row):
         if row["round"] % 5 == 0:
-            gc.collect()
-            trace.append((row["round"], rss_mb()))
+            trim()
+            trace.append((row["round"], rss_mb(), len(gc.get_objects())))
     with tempfile.TemporaryDirectory() as d:
         led = Ledger(d)
         if not keep_index:
@@ -71,11 +82,14 @@ def main():
     for keep in (True, False):
         print(f"  {'as is (ledger keeps its envelope index)' if keep else 'no envelope index'}:")
         trace = one(data, cfg, args.rounds, keep)
-        print("    " + "  ".join(f"r{t}:{m:.0f}" for t, m in trace))
-        half = [(t, m) for t, m in trace if t >= args.rounds // 2]
-        slope = np.polyfit([t for t, _ in half], [m for _, m in half], 1)[0]
-        print(f"    growth over rounds {half[0][0]}-{half[-1][0]}: {slope * 1024:.1f} kB per round "
-              f"({slope * 1024 / n:.2f} kB per client-round)")
+        print("    RSS MB  " + "  ".join(f"r{t}:{m:.0f}" for t, m, _ in trace))
+        print("    objects " + "  ".join(f"r{t}:{o}" for t, _, o in trace))
+        half = [x for x in trace if x[0] >= args.rounds // 2]
+        rounds = [x[0] for x in half]
+        slope = np.polyfit(rounds, [x[1] for x in half], 1)[0]
+        objs = np.polyfit(rounds, [x[2] for x in half], 1)[0]
+        print(f"    growth over rounds {half[0][0]}-{half[-1][0]}: RSS {slope * 1024:.1f} kB per round "
+              f"({slope * 1024 / n:.2f} kB per client-round), {objs:.1f} live Python objects per round")
     sys.stdout.flush()
 
 

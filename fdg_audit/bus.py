@@ -144,6 +144,7 @@ class Bus:
         self.sent: dict[int, int] = {}   # wire bytes per round
         self.received: dict[str, dict] = {}   # party -> arrays it last received, by name (kept only with filters)
         self._last = None                # (bytes, header, sha256) of the last recorded payload
+        self._metas: dict[tuple, list] = {}
 
     def encode_from(self, sender: str, kind: str, arrays: dict, scalars: dict | None = None) -> tuple[bytes, list]:
         """Apply the sender's filters and encode; used where the sender lives (maybe another process)."""
@@ -166,8 +167,10 @@ class Bus:
         if self._last is None or self._last[0] is not data:
             self._last = (data, decode_header(data)[0], hashlib.sha256(data).hexdigest())
         _, header, digest = self._last
-        env = Envelope(self.run, self.method, self.round, phase, self.seq, sender, receiver, kind,
-                       [{k: m[k] for k in ("name", "dtype", "shape")} for m in header["arrays"]],
+        key = tuple((m["name"], m["dtype"], tuple(m["shape"])) for m in header["arrays"])
+        if key not in self._metas:   # one shared list per distinct layout: the ledger's index stays small
+            self._metas[key] = [{k: m[k] for k in ("name", "dtype", "shape")} for m in header["arrays"]]
+        env = Envelope(self.run, self.method, self.round, phase, self.seq, sender, receiver, kind, self._metas[key],
                        sorted(header["scalars"]), len(data), digest, list(events))
         self.seq += 1
         self.sent[self.round] = self.sent.get(self.round, 0) + len(data)

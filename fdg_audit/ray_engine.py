@@ -6,7 +6,8 @@ engine would produce, so for the same seed on CPU the ledgers are identical. Opt
 environment variables in brackets):
 
 - ``address`` [FDG_RAY_ADDRESS]: an existing cluster (``"auto"`` or ``"ray://host:10001"``); empty starts a
-  local Ray on loopback with no dashboard and no usage reporting.
+  local Ray on this machine with no dashboard and no usage reporting (Ray maps 127.0.0.1 to the machine's own
+  address for its services; nothing leaves the host). A ``ray.init(address=...)`` made before the run is used.
 - ``num_cpus`` [FDG_RAY_CPUS], ``num_gpus`` [FDG_RAY_GPUS]: resources per actor (fractions allowed, e.g. 0.25
   GPU so four actors share one device); defaults 1 CPU and 0 GPU.
 

@@ -78,7 +78,7 @@ class DomainSet:
 @dataclass
 class DataConfig:
     dataset: str = "digits"  # "digits" | "folder" | "idx"
-    family: str = "rotated"  # digits: "rotated" | "appearance"; idx: "rotated"
+    family: str = "rotated"  # digits and idx: "rotated" | "appearance"
     root: str = ""  # folder: root/<domain>/<class>/<image>; idx: folder with the IDX files (empty = Fashion-MNIST)
     domains: list[str] = field(default_factory=list)  # subset/order of domains, empty = all
     per_domain: int = 0  # cap on images per domain (0 = all; idx: 0 means 1000); applied before the split

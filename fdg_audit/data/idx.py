@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .base import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
-from .digits import APPEARANCE, FAMILIES, ROTATED, appearance, partition, rotate
+from .digits import FAMILIES, ROTATED, appearance, partition, rotate
 from fdg_audit.errors import UserError
 
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
