@@ -10,7 +10,6 @@ prints the median wall times and their ratio. The first isolated pass also start
 """
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--attacks", nargs="*", default=[])
+    ap.add_argument("--keep", default="", help="train into this folder, or reuse the run folder trained there")
     a = ap.parse_args()
     raw = load_raw(a.scenario)
     cfgs = [dict(t) for t in raw.pop("attacks", []) if not a.attacks or t.get("label", t["name"]) in a.attacks]
@@ -39,21 +39,28 @@ def main() -> None:
     raw.setdefault("train", {})["rounds"] = a.rounds
     raw.update(report=False, store_rounds=[], threads=raw.get("threads") or 0)
     with tempfile.TemporaryDirectory() as tmp:
-        f = Path(tmp) / "bench.toml"
-        f.write_text(tomli_w.dumps(raw))
-        t0 = time.perf_counter()
-        root = run_scenario(str(f), out=str(Path(tmp) / "runs"), quiet=True)
-        print(f"trained {a.scenario} ({a.rounds} rounds) in {time.perf_counter() - t0:.1f}s; "
-              f"attacks: {', '.join(c.get('label', c['name']) for c in cfgs)}", file=sys.stderr)
+        out = Path(a.keep or tmp)
+        done = sorted(out.glob("runs/*/*/summary.json"))
+        if done:
+            root = done[-1].parent
+        else:
+            f = out / "bench.toml"
+            out.mkdir(parents=True, exist_ok=True)
+            f.write_text(tomli_w.dumps(raw))
+            t0 = time.perf_counter()
+            root = run_scenario(str(f), out=str(out / "runs"), quiet=True)
+            print(f"trained {a.scenario} ({a.rounds} rounds) in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"attacks: {', '.join(c.get('label', c['name']) for c in cfgs)} on {root}", flush=True)
         t0 = time.perf_counter()
         run_attacks(root, cfgs[:1], quiet=True, isolate=True)   # starts the forkserver (once per process)
-        print(f"first isolated attack incl. forkserver start: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        print(f"first isolated attack incl. forkserver start: {time.perf_counter() - t0:.1f}s", flush=True)
         times = {True: [], False: []}
         for _ in range(a.repeats):
             for isolate in (True, False):
                 t0 = time.perf_counter()
                 run_attacks(root, cfgs, quiet=True, isolate=isolate)
                 times[isolate].append(time.perf_counter() - t0)
+                print(f"{'isolated' if isolate else 'in-process'}: {times[isolate][-1]:.1f}s", flush=True)
     iso, inp = statistics.median(times[True]), statistics.median(times[False])
     print(f"isolated {iso:.2f}s  in-process {inp:.2f}s  ratio {iso / inp:.3f}  "
           f"(medians of {a.repeats}, alternating; isolated {times[True]}, in-process {times[False]})")
