@@ -180,9 +180,17 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
 
 def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:
     """Train and record one run; its summary entry (a failure is recorded, not raised)."""
-    sc = r["sc"]
-    if sc.threads:
+    sc, threads = r["sc"], torch.get_num_threads()
+    if sc.threads:   # the scenario's thread count for this run only; the caller's is restored below
         torch.set_num_threads(sc.threads)
+    try:
+        return _train(i, r, runs, ledger, sink, rows_by, quiet)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:
+    sc = r["sc"]
     spec = RunSpec(r["run_id"], r["method"].name, r["params"], r["ds"], sc.model, r["target"], r["seed"],
                    resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(), privacy=r["privacy"])
     info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
