@@ -196,8 +196,8 @@ class UpdateAudit(Attack):
     def run(self, view, aux):
         p, outs = self.p, []
         for victim in view.clients:
-            ups = [(m, u) for m, u in _updates(view, victim, UPDATE_KINDS)
-                   if any(e.get("mechanism") == "client_dp" for e in m.env.filters)]
+            ups = [(m, u) for m, u in _updates(view, victim, UPDATE_KINDS)      # releases that carried canaries
+                   if any(e.get("mechanism") == "client_dp" and e.get("update_canaries") for e in m.env.filters)]
             if not ups:
                 continue
             m, _ = ups[-1]
@@ -254,8 +254,8 @@ class DPSGDAudit(Attack):
         from fdg_audit.privacy.dpsgd import gradient_canary_coordinates
         p, outs = self.p, []
         for victim in view.clients:
-            ups = [(m, u) for m, u in _updates(view, victim, ("weights",))
-                   if any(e.get("mechanism") == "dp_sgd" for e in m.env.filters)]
+            ups = [(m, u) for m, u in _updates(view, victim, ("weights",))       # DP-SGD rounds with canaries
+                   if any(e.get("mechanism") == "dp_sgd" and e.get("gradient_canaries") for e in m.env.filters)]
             if not ups:
                 continue
             names = [k for k, _ in view.new_model().named_parameters()]   # trainable parameters, in order

@@ -192,6 +192,7 @@ class ClientDPFilter:
                 continue
             ref = torch.zeros_like(v, dtype=torch.float64) if ref is None else ref.to(v.device, torch.float64)
             refs[name], deltas[name] = ref, v.double() - ref
+        audited = 0
         if deltas:
             norm = torch.sqrt(sum(d.pow(2).sum() for d in deltas.values()))
             f = (c.clip / (norm + 1e-12)).clamp(max=1.0)
@@ -201,8 +202,9 @@ class ClientDPFilter:
             dev = next(iter(deltas.values())).device
             size = sum(d.numel() for d in deltas.values())
             z = noise(run, sender, rnd, kind, n, size, dev) * std
-            a = self.audit
+            a, audited = self.audit, 0
             if a is not None and (not a.clients or sender in a.clients):
+                audited = a.update_canaries
                 coins = torch.as_tensor(canary_coins(run, sender, a.update_canaries, a.seed), dtype=torch.float64)
                 z = z + ((coins * c.clip) @ update_canaries(a.update_canaries, size, a.seed)).to(dev)
             i = 0
@@ -218,5 +220,6 @@ class ClientDPFilter:
                      noise_multiplier=c.noise_multiplier, clip=c.clip, sample_rate=c.sample_rate,
                      clients=c.clients, steps=sum(h[2] for h in acc.history), delta=self.delta,
                      epsilon=epsilon(acc, self.delta), history=[list(h) for h in acc.history],
-                     example_history=[[h[0] / 2, h[1], h[2]] for h in acc.history], adjacency=ADJACENCY)
+                     example_history=[[h[0] / 2, h[1], h[2]] for h in acc.history], adjacency=ADJACENCY,
+                     update_canaries=audited)
         return out, scalars, event

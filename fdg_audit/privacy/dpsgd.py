@@ -179,7 +179,8 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     client.events.append(dict(
         mechanism="dp_sgd", accountant=cfg.accountant, noise_multiplier=cfg.noise_multiplier,
         clip=cfg.max_grad_norm, sample_rate=sampler.sample_rate, steps=st.steps, round_steps=done,
-        delta=cfg.delta, epsilon=epsilon(acc, cfg.delta), history=[list(h) for h in acc.history]))
+        delta=cfg.delta, epsilon=epsilon(acc, cfg.delta), history=[list(h) for h in acc.history],
+        gradient_canaries=0 if st.canaries is None else len(st.canaries[1])))
     return model
 
 
