@@ -2,7 +2,7 @@
 inside the harness process (``isolate=False``, the unenforced debugging mode).
 
     python bench/attack_isolation.py [--scenario scenarios/feddg_vs_csac.toml] [--rounds 2] [--repeats 2]
-                                     [--attacks NAME ...]
+                                     [--attacks NAME ...] [--per-domain N] [--keep DIR]
 
 Trains the scenario once, shortened (``--rounds``, only the targets its attacks name, payloads of every round
 kept, no attacks, no report), then runs its [[attacks]] on that folder alternately isolated and in-process and
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--attacks", nargs="*", default=[])
+    ap.add_argument("--per-domain", type=int, default=0, help="cap images per domain (0 = the scenario's)")
     ap.add_argument("--keep", default="", help="train into this folder, or reuse the run folder trained there")
     a = ap.parse_args()
     raw = load_raw(a.scenario)
@@ -36,6 +37,8 @@ def main() -> None:
     for d, entry in zip(raw["datasets"], parse(raw).datasets):
         names = load_data(entry).names
         d["targets"] = [t for t in names if t in targets] or names[:1] if targets else d.get("targets", "all")
+        if a.per_domain:
+            d["per_domain"] = a.per_domain
     raw.setdefault("train", {})["rounds"] = a.rounds
     raw.update(report=False, store_rounds=[], threads=raw.get("threads") or 0)
     with tempfile.TemporaryDirectory() as tmp:

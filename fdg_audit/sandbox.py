@@ -183,6 +183,7 @@ def _worker(folder: str, paths: dict) -> None:
     root = Path(folder)
     try:
         spec = json.loads((root / "view.json").read_text())
+        torch.set_num_threads(spec["threads"])   # the harness's count: the same numbers as in-process
         from .plugins import load_attack, load_method
         if "run" in spec:   # the method first, so view.protocol finds the installed module, not a shadow
             sys.path[:] = paths["method"]
@@ -242,7 +243,7 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
         if spec["mode"] == "run":
             materialise(folder, ledger, list(envs))
             torch.save(pack(aux), folder / "aux.pt")
-        atomic_write(folder / "view.json", json.dumps(spec, default=str))
+        atomic_write(folder / "view.json", json.dumps(dict(spec, threads=torch.get_num_threads()), default=str))
         paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
         p = _context().Process(target=_worker, args=(str(folder), paths), daemon=True)
         p.start()
