@@ -44,10 +44,13 @@ def local_epoch(model, split, gen):
         opt.step()
 
 
+CPU = {}   # variant -> driver CPU seconds of its last run (meaningful for the single-process variants)
+
+
 def bare(data, rounds) -> float:
     """FedAvg written directly in PyTorch: no bus, no codec, no ledger."""
     sources, val, tgt = workload(data)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     glob = build_model(ModelConfig(), 1, 10, 28)
@@ -62,6 +65,7 @@ def bare(data, rounds) -> float:
             states.append({k: v.detach().clone() for k, v in local.state_dict().items()})
         glob.load_state_dict({k: sum(wi * s[k].double() for wi, s in zip(w, states)).float() for k in states[0]})
         fed.accuracy(glob, val, "cpu"), fed.accuracy(glob, tgt, "cpu")
+    CPU["bare"] = time.process_time() - c0
     return time.perf_counter() - t0
 
 
@@ -70,10 +74,11 @@ def engine(data, rounds, name) -> float:
                        DataConfig(), ModelConfig(), "rot0", engine=name, threads=torch.get_num_threads(),
                        workers=2, worker_threads=1)
     with tempfile.TemporaryDirectory() as d:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         led = Ledger(d)
         fed.run_federation(spec, led, data if name == "local" else None)
         led.close()
+        CPU[name] = time.process_time() - c0
         return time.perf_counter() - t0
 
 
@@ -146,13 +151,16 @@ def main():
     run = {"bare": lambda r: bare(data, r)}
     for v in variants:
         run[v] = (lambda r: flower(data, r)) if v == "flower" else (lambda r, v=v: engine(data, r, v))
-    times = {k: [] for k in run}
+    times, cpu = {k: [] for k in run}, {"bare": [], "local": []}
     for i in range(args.repeats + 1):   # the first pass (1 round) is a warm-up: imports, Ray start-up
         for k, f in run.items():
             t = f(args.rounds if i else 1)
             torch.set_num_threads(args.threads)
             if i:
                 times[k].append(t)
+                if k in cpu:
+                    cpu[k].append(CPU[k])
+                print(f"  rep {i} {k}: {t:.2f} s", flush=True)
     print(f"FedAvg reference workload, {args.rounds} rounds, 5 clients, {args.threads} threads, "
           f"{args.repeats} interleaved repetitions")
     for k, ts in times.items():
@@ -162,6 +170,10 @@ def main():
             continue
         r = [a / b for a, b in zip(times[k], times["bare"])]
         print(f"  ratio {k}/bare   {statistics.median(r):6.3f}   (min {min(r):.3f}, max {max(r):.3f})")
+    if cpu["local"]:   # CPU seconds of the one process: robust to other load on a shared machine
+        r = [a / b for a, b in zip(cpu["local"], cpu["bare"])]
+        print(f"  CPU-time ratio local/bare {statistics.median(r):6.3f}   (min {min(r):.3f}, max {max(r):.3f})  "
+              f"CPU s local {[round(x, 1) for x in cpu['local']]} bare {[round(x, 1) for x in cpu['bare']]}")
     for k in ("ray", "process"):
         if k in times:
             r = [a / b for a, b in zip(times[k], times["local"])]

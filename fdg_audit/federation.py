@@ -232,7 +232,7 @@ class _Link:
 class Host:
     """Some clients of one run, in one place (the driver, a worker process or a Ray actor); answers requests.
 
-    A broadcast's bytes are decoded once per host. Clients that support it (``vmap_phase``) are trained as one
+    Clients that support it (``vmap_phase``) are trained as one
     cohort when ``cohort`` is on."""
 
     def __init__(self, clients: dict[str, Client], bus: Bus, cohort: bool = False):
@@ -240,13 +240,11 @@ class Host:
 
     def run(self, rnd: int, phase: str, reqs: dict[str, bytes | None]) -> dict[str, tuple | None]:
         from .bus import decode
-        decoded, msgs = {}, {}
-        for c, data in reqs.items():
-            if data is not None and id(data) not in decoded:
-                decoded[id(data)] = decode(data)
-            msgs[c] = None if data is None else decoded[id(data)]
-            if msgs[c] is not None and self.bus.filters:   # client-level DP measures updates from what was received
-                self.bus.received.setdefault(c, {}).update(msgs[c].arrays)
+        # each receiver gets its own decoded copy: some methods train received tensors in place (FedADG's generator)
+        msgs = {c: None if data is None else decode(data) for c, data in reqs.items()}
+        for c, msg in msgs.items():   # client-level DP measures updates from what was received (a copy: see above)
+            if msg is not None and self.bus.filters:
+                self.bus.received.setdefault(c, {}).update({k: v.clone() for k, v in msg.arrays.items()})
         group = [c for c in reqs if self.cohort and msgs[c] is not None and
                  self.clients[c].vmap_phase == phase and self.clients[c].vmap_ok()]
         out = {}
