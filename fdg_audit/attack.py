@@ -10,8 +10,12 @@ An attack plugin is a class with
   "not measurable").
 It sees only the AdversaryView (what that adversary received or sent) and the Aux it declared. Ground truth
 never reaches ``run``: the scorer joins outputs with truth using the one metrics module. Membership scores of
-several victims are also scored pooled (victim "pooled"), which resolves lower FPRs. attacks/README.md is the
-how-to.
+several victims are also scored pooled (victim "pooled"), which resolves lower FPRs. The scorer also keeps the
+per-item values behind each number (per-image PSNR/SSIM of reconstruction and baseline, per-candidate membership
+scores and labels, per-row attribute correctness, per-victim estimates) in items/<attack>/<run>.npz, for the
+scorecard's intervals and held-out selection. An attack applies to a run when its adversary observed a kind it
+``consumes`` (``applicable``; ``selection`` lists them per run), which is how ``attacks = "all"`` picks attacks.
+attacks/README.md is the how-to.
 """
 from __future__ import annotations
 
