@@ -439,7 +439,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False) -> Path:
     runs = _runs(root)
     device = torch.device(resolve_device("auto"))
     attacks = [_make(c, device) for c in attack_cfgs]
-    used = {label for labels in _selection(ledger, runs, attacks, device).values() for label in labels}
+    used = {label for labels in _selection(ledger, runs, attacks, device, True).values() for label in labels}
     attacks = [(label, atk) for label, atk in attacks if label in used]   # no controls for attacks without a run
     rows, controls = [], []
     for label, atk in attacks:
@@ -529,14 +529,18 @@ def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
     return _selection(Ledger.open(root), _runs(root), [_make(c, device) for c in attack_cfgs], device)
 
 
-def _selection(ledger, runs: dict, attacks: list, device) -> dict[str, list[str]]:
+def _selection(ledger, runs: dict, attacks: list, device, absent_client: bool = False) -> dict[str, list[str]]:
+    """``absent_client``: also list a curious-client attack whose client is not in the run (it gets a note row)."""
     out = {}
     for run_id, run in runs.items():
         out[run_id] = []
         for label, atk in attacks:
             me = observer(atk, run)
-            if (atk.adversary != "client" or me in run["clients"]) and \
-                    (not atk.p.targets or run["target"] in atk.p.targets) and \
+            if atk.adversary == "client" and me not in run["clients"]:
+                if absent_client and (not atk.p.targets or run["target"] in atk.p.targets):
+                    out[run_id].append(label)
+                continue
+            if (not atk.p.targets or run["target"] in atk.p.targets) and \
                     applicable(atk, AdversaryView(ledger, run, atk.adversary, me, device).kinds()):
                 out[run_id].append(label)
     return out
