@@ -381,13 +381,16 @@ def features(amp: torch.Tensor, kind: str, full: tuple) -> np.ndarray:
     return f.cpu().numpy()
 
 
-def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, c: float = 1.0) -> np.ndarray:
-    """Standardised multinomial logistic regression (L2, strength 1/c)."""
+def fit(x_train: np.ndarray, y_train: np.ndarray, c: float = 1.0):
+    """Standardised multinomial logistic regression (L2, strength 1/c), fitted."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-    clf = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
-    return clf.fit(x_train, y_train).predict(x_test)
+    return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)).fit(x_train, y_train)
+
+
+def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, c: float = 1.0) -> np.ndarray:
+    return fit(x_train, y_train, c).predict(x_test)
 
 
 @dataclass
@@ -438,10 +441,10 @@ class AttributeInference(Attack):
                 if attr not in self.p.attributes:
                     continue
                 for feat in self.p.features:
-                    xs = features(amp(x), feat, full)
+                    clf = fit(features(amp(x), feat, full), y.numpy(), self.p.c)   # one fit for every victim
                     for victim, rnd, a in banks:
                         if tuple(a.shape[-2:]) == shape:
-                            pred = fit_predict(xs, y.numpy(), features(a.to(self.device), feat, full), self.p.c)
+                            pred = clf.predict(features(a.to(self.device), feat, full))
                             outs.append(Predictions(victim, KIND, rnd, attr, pred, k, truth="amp",
                                                     variant=f"{feat}/{src}"))
         return outs

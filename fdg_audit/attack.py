@@ -10,8 +10,12 @@ An attack plugin is a class with
   "not measurable").
 It sees only the AdversaryView (what that adversary received or sent) and the Aux it declared. Ground truth
 never reaches ``run``: the scorer joins outputs with truth using the one metrics module. Membership scores of
-several victims are also scored pooled (victim "pooled"), which resolves lower FPRs. attacks/README.md is the
-how-to.
+several victims are also scored pooled (victim "pooled"), which resolves lower FPRs. The scorer also keeps the
+per-item values behind each number (per-image PSNR/SSIM of reconstruction and baseline, per-candidate membership
+scores and labels, per-row attribute correctness, per-victim estimates) in items/<attack>/<run>.npz, for the
+scorecard's intervals and held-out selection. An attack applies to a run when its adversary observed a kind it
+``consumes`` (``applicable``; ``selection`` lists them per run), which is how ``attacks = "all"`` picks attacks.
+attacks/README.md is the how-to.
 """
 from __future__ import annotations
 
@@ -411,7 +415,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     runs = _runs(root, summary)
     device = torch.device(resolve_device("auto"))
     attacks = [_make(c, device) for c in attack_cfgs]
-    used = {label for labels in _selection(ledger, runs, attacks, device).values() for label in labels}
+    used = {label for labels in _selection(ledger, runs, attacks, device, True).values() for label in labels}
     attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
     rows, controls = [], []
     for label, atk, job in attacks:
@@ -499,14 +503,18 @@ def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
     return _selection(Ledger.open(root), _runs(root), [_make(c, device) for c in attack_cfgs], device)
 
 
-def _selection(ledger, runs: dict, attacks: list, device) -> dict[str, list[str]]:
+def _selection(ledger, runs: dict, attacks: list, device, absent_client: bool = False) -> dict[str, list[str]]:
+    """``absent_client``: also list a curious-client attack whose client is not in the run (it gets a note row)."""
     out = {}
     for run_id, run in runs.items():
         out[run_id] = []
         for label, atk, *_ in attacks:
             me = observer(atk, run)
-            if (atk.adversary != "client" or me in run["clients"]) and \
-                    (not atk.p.targets or run["target"] in atk.p.targets) and \
+            if atk.adversary == "client" and me not in run["clients"]:
+                if absent_client and (not atk.p.targets or run["target"] in atk.p.targets):
+                    out[run_id].append(label)
+                continue
+            if (not atk.p.targets or run["target"] in atk.p.targets) and \
                     applicable(atk, {e.kind for e in view_envelopes(ledger, run_id, atk.adversary, me)
                                      if ledger.stored(e)}):
                 out[run_id].append(label)

@@ -218,12 +218,11 @@ def _differences_md(res) -> list[str]:
           "(seeds redrawn within each target). An interval that excludes 0 is distinguishable from zero.", ""]
     for ds in dict.fromkeys(d["dataset"] for d in diffs):
         rs = [d for d in diffs if d["dataset"] == ds]
-        yes = [f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" for d in rs
-               if d["distinguishable"]]
-        no = [f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" for d in rs
-              if not d["distinguishable"]]
-        md += [f"- **{ds}** ({rs[0]['n']} paired runs): distinguishable from zero: " + ("; ".join(yes) or "none")
-               + ". Not distinguishable: " + ("; ".join(no) or "none") + "."]
+        say = lambda real: "; ".join(f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"  # noqa: E731
+                                     for d in rs if d["distinguishable"] == real) or "none"
+        yes, no = say(True), say(False)
+        md += [f"- **{ds}** ({rs[0]['n']} paired runs): distinguishable from zero: {yes}. "
+               f"Not distinguishable: {no}."]
     return md + [""]
 
 
