@@ -77,14 +77,15 @@ name = "feddg"
 privacy = { dp_sgd = false, artifacts = { amplitude_bank = { clip = 50.0, noise_multiplier = 1.0 } } }
 """
     text = DATA.format(n=40, rounds=1) + DPSGD + '[[methods]]\nname = "fedavg"\n' + feddg
-    a, b = run_toml(text, name="a"), run_toml(text, name="b")
+    # workers use one thread each: compare every run at the same thread count
+    a, b = run_toml(text, "threads=1", name="a"), run_toml(text, "threads=1", name="b")
     assert hashes(a) == hashes(b)                                     # DP-SGD noise and bank noise are seeded
     assert (a / "privacy.csv").read_text() == (b / "privacy.csv").read_text()
     mech = {r["mechanism"] for r in read_csv(a / "privacy.csv")}
     assert mech == {"dp_sgd", "gaussian_rows:amplitude_bank"}
     # the process engine: the filter runs inside each client's process (DP-SGD only uses the client's generator,
     # whose equality across engines the core tests check)
-    c = run_toml(DATA.format(n=40, rounds=1) + DPSGD + feddg, "engine=\"process\"", name="c")
+    c = run_toml(DATA.format(n=40, rounds=1) + DPSGD + feddg, "engine=\"process\"", "threads=1", name="c")
     run = "rotated/feddg/rot0/s0"
     assert hashes(c) == [e.sha256 for e in Ledger.open(a).envelopes if e.run == run]
 

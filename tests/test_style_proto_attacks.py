@@ -131,5 +131,6 @@ name = "fpl"
     orig = AdversaryView.messages
     monkeypatch.setattr(AdversaryView, "messages", lambda self, **kw: seen.append(self.me) or orig(self, **kw))
     from fdg_audit.attack import run_attacks
-    run_attacks(root, [dict(name="prototype_inversion", steps=5)], quiet=True)
+    # in-process, so that the patched view records who asked (the worker process enforces the view by itself)
+    run_attacks(root, [dict(name="prototype_inversion", steps=5)], quiet=True, isolate=False)
     assert set(seen) == {"server"}
