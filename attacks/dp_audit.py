@@ -147,14 +147,16 @@ class ArtifactAudit(Attack):
 
 # ------------------------------------------------------------------------------------------- model updates
 
-def _updates(view, victim: str, kinds) -> list:
-    """(message, {name: update}) for each upload of ``kinds`` by ``victim``, the update measured from what the victim
-    last received under that name (or ``<victim>/<name>``), zero where nothing was received (as the filter does)."""
+def _updates(view, victim: str, kinds, mechanism: str, canaries: str) -> list:
+    """(message, {name: update}) for each upload of ``kinds`` by ``victim`` whose ``mechanism`` event records
+    ``canaries`` (only releases that carried canaries are audited), the update measured from what the victim last
+    received under that name (or ``<victim>/<name>``), zero where nothing was received (as the filter does)."""
     received, out = {}, []
     for m in sorted(view.messages(), key=lambda m: m.env.seq):
         if m.receiver == victim:
             received.update(m.payload.arrays)
-        elif m.sender == victim and m.kind in kinds:
+        elif m.sender == victim and m.kind in kinds and \
+                any(e.get("mechanism") == mechanism and e.get(canaries) for e in m.env.filters):
             upd = {}
             for k, v in m.payload.arrays.items():
                 if v.is_floating_point():
@@ -196,8 +198,7 @@ class UpdateAudit(Attack):
     def run(self, view, aux):
         p, outs = self.p, []
         for victim in view.clients:
-            ups = [(m, u) for m, u in _updates(view, victim, UPDATE_KINDS)      # releases that carried canaries
-                   if any(e.get("mechanism") == "client_dp" and e.get("update_canaries") for e in m.env.filters)]
+            ups = _updates(view, victim, UPDATE_KINDS, "client_dp", "update_canaries")
             if not ups:
                 continue
             m, _ = ups[-1]
@@ -254,8 +255,7 @@ class DPSGDAudit(Attack):
         from fdg_audit.privacy.dpsgd import gradient_canary_coordinates
         p, outs = self.p, []
         for victim in view.clients:
-            ups = [(m, u) for m, u in _updates(view, victim, ("weights",))       # DP-SGD rounds with canaries
-                   if any(e.get("mechanism") == "dp_sgd" and e.get("gradient_canaries") for e in m.env.filters)]
+            ups = _updates(view, victim, ("weights",), "dp_sgd", "gradient_canaries")
             if not ups:
                 continue
             names = [k for k, _ in view.new_model().named_parameters()]   # trainable parameters, in order
