@@ -59,7 +59,7 @@ from fdg_audit.attack import Attack, AttackParams, Audit, Control, Skipped
 from fdg_audit.privacy import ArtifactMechanism, ClientDP, epsilon, new_accountant
 from fdg_audit.privacy.artifacts import GaussianRows
 from fdg_audit.privacy.audit import one_run_bound
-from fdg_audit.privacy.canaries import canary_images, canary_labels
+from fdg_audit.privacy.canaries import canary_images
 from fdg_audit.privacy.client_dp import UPDATE_KINDS, ClientDPFilter, canary_coins, update_canaries
 
 KIND = "amplitude_bank"
