@@ -407,6 +407,9 @@ class CCSTServer(FedAvgServer):
 
 
 class CCST:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("it trains on a derived split (several style-transferred rows per image,"
+                      " styles mixed across images)")
     name = "ccst"
     Params = Params
     Server = CCSTServer

@@ -236,6 +236,9 @@ class COPAServer(Server):
 
 
 class COPA:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("its HBIN layers normalise with batch statistics,"
+                      " coupling the examples of a batch")
     build = staticmethod(build)     # the model attacks rebuild from the ledger
     name = "copa"
     Params = Params

@@ -198,6 +198,9 @@ class CSACClient(Client):
 
 
 class CSAC:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("its MK-MMD alignment compares the batch's feature distribution,"
+                      " coupling the examples of a batch")
     name = "csac"
     Params = Params
     Server = CSACServer

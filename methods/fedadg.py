@@ -214,6 +214,9 @@ class FedADGServer(Server):
 
 
 class FedADG:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("its adversarial loop trains a discriminator and generator on the data"
+                      " outside Client.fit's per-example gradients")
     name = "fedadg"
     Params = Params
     Server = FedADGServer

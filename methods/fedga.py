@@ -143,6 +143,9 @@ class FedGAServer(FedAvgServer):
 
 
 class FedGA:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("it sends its training loss (the generalization gap's input), a statistic of the whole split,"
+                      " in the clear")
     name = "fedga"
     Params = Params
     Server = FedGAServer

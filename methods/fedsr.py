@@ -136,6 +136,9 @@ class FedSRServer(FedAvgServer):
 
 
 class FedSR:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("its private prior r(z|y) is trained on the client's data outside DP-SGD's clipping"
+                      " and shapes every later update")
     build = staticmethod(build)     # the model attacks rebuild from the ledger
     name = "fedsr"
     Params = Params

@@ -162,6 +162,9 @@ class FPLServer(FedAvgServer):
 
 
 class FPL:
+    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
+    dp_sgd_refused = ("its prototype losses use class prototypes,"
+                      " statistics of the client's whole data and of other clients")
     name = "fpl"
     Params = Params
     Server = FPLServer

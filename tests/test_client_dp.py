@@ -161,3 +161,24 @@ def test_client_audit_bound_below_accountant_and_positive_without_noise(run_toml
     assert all(math.isinf(float(r["value"])) for r in leakage_rows(root, metric="eps_theory"))
     member = np.load(root / "truth" / "rotated/fedavg/rot0/s0" / "rot15" / "update_canaries.npz")["member"]
     assert len(member) == 256 and 90 < member.sum() < 166
+
+
+REFUSING = ["csac", "ccst", "fpl", "fedsr", "copa", "fedga", "fedadg"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dp_sgd_refused_at_plan_time_naming_client_level_dp(method):
+    """plan() (no training) refuses dp_sgd for every method without a per-example objective, in one line."""
+    import tomllib
+
+    from fdg_audit.scenario import plan
+    raw = tomllib.loads(BASE.format(seed=0) + f'[[methods]]\nname = "{method}"\n')
+    raw["datasets"] = [raw.pop("data")]
+    raw["privacy"]["dp_sgd"] = True
+    if method not in REFUSING:
+        assert len(plan(raw)) == 1
+        return
+    with pytest.raises(UserError) as e:
+        plan(raw)
+    msg = str(e.value)
+    assert "\n" not in msg and f"method {method!r}" in msg and "use client-level DP instead" in msg

@@ -134,16 +134,21 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=No
         return
     if cfg.dp_sgd and method is not None:
         from .dpsgd import refuse
-        refuse(method.name)
+        refuse(method)
     if cfg.client is not None and method is not None:
         from .client_dp import plan_check
-        plan_check(cfg.client, method, params, len(data.names) - 1, cfg.delta, cfg.accountant, "privacy.client")
+        k = (len(data.names) - 1) * getattr(data, "clients_per_domain", 1)   # source clients of a run
+        plan_check(cfg.client, method, params, k, cfg.delta, cfg.accountant, "privacy.client")
     if cfg.dp_sgd and model_cfg.norm == "batch":
         raise UserError("model.norm = \"batch\" with privacy.dp_sgd: Opacus refuses BatchNorm (it mixes the "
                         "examples of a batch): set model.norm = \"group\"")
-    bad = [c for c in cfg.audit.clients if c not in data.names]
+    cpd = getattr(data, "clients_per_domain", 1)
+    ok = set(data.names) if cpd == 1 else {f"{d}/{k}" for d in data.names for k in range(cpd)}
+    bad = [c for c in cfg.audit.clients if c not in ok]
     if bad:
-        raise UserError(f"privacy.audit.clients: {bad[0]!r} is not a domain of {data.name}: use some of {data.names}")
+        raise UserError(f"privacy.audit.clients: {bad[0]!r} is not a client of {data.name}: use some of "
+                        + (f"{data.names}" if cpd == 1 else f"its clients \"<domain>/<k>\", k < {cpd}, e.g. "
+                           f"\"{data.names[0]}/0\""))
     from .canaries import canary_frequencies
     most = len(canary_frequencies(data.size, cfg.audit.seed))
     if cfg.audit.canaries > most:

@@ -25,8 +25,8 @@ at public coordinates, each a member with probability 1/2 (the client's private 
 a member joins each step's batch with the examples' rate q as one more clipped per-example gradient, so each canary
 is one unit of the add/remove relation the accountant covers.
 
-Methods whose objective has no faithful per-example form are refused at plan time (``refuse``, from
-``check_run``) with one line that names client-level DP as the alternative.
+Methods whose objective has no faithful per-example form say why in their plugin class's ``dp_sgd_refused`` and are
+refused at plan time (``refuse``, from ``check_run``) with one line that names client-level DP as the alternative.
 """
 from __future__ import annotations
 
@@ -42,17 +42,12 @@ from ..errors import UserError
 from .accounting import epsilon
 
 
-REFUSE = {
-    "csac": "its MK-MMD alignment compares the batch's feature distribution, coupling the examples of a batch",
-    "ccst": "it trains on a derived split (several style-transferred rows per image, styles mixed across images)",
-    "fpl": "its prototype losses use class prototypes, statistics of the client's whole data and of other clients",
-}
-
-
-def refuse(method: str) -> None:
-    """Raise the one-line error for a method whose local objective is not a mean of per-example terms."""
-    if method in REFUSE:
-        raise UserError(f"privacy.dp_sgd: method {method!r} has no per-example objective ({REFUSE[method]}), so "
+def refuse(method) -> None:
+    """Raise the one-line error for a method whose local objective is not a mean of per-example terms: its plugin
+    class says why in ``dp_sgd_refused`` (read at plan time, before any training)."""
+    why = getattr(method, "dp_sgd_refused", "")
+    if why:
+        raise UserError(f"privacy.dp_sgd: method {method.name!r} has no per-example objective ({why}), so "
                         "example-level DP-SGD is undefined: use client-level DP instead ([privacy.client] clip and "
                         "noise_multiplier or target_epsilon)")
 
