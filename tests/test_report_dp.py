@@ -51,3 +51,38 @@ def test_lines_group_a_methods_budgets(tmp_path, monkeypatch):
                    card("fedavg_eps2", 2.0, "accuracy", 0.3)], [], tmp_path)
     pts = sorted(seen["lines"]["fedavg"])
     assert [p[0] for p in pts] == [2.0, 8.0, math.inf] and seen["inf_x"] == pytest.approx(32.0)
+
+
+def test_report_md_carries_the_section_built_from_scorecard_rows(run_toml, tmp_path):
+    """End to end: two tiny runs (no DP, client-level DP) -> report.md's ε section, plotted from scorecard.csv."""
+    import csv
+
+    from fdg_audit.report import write_report
+    root = run_toml("""
+        seeds = [0]
+        report = false
+        threads = 1
+        [data]
+        dataset = "digits"
+        family = "rotated"
+        domains = ["rot0", "rot15", "rot30"]
+        targets = ["rot0"]
+        per_domain = 16
+        [train]
+        rounds = 1
+        local_steps = 1
+        batch_size = 8
+        [[methods]]
+        name = "fedavg"
+        [[methods]]
+        name = "fedavg"
+        label = "fedavg_eps8"
+        privacy = { client = { clip = 0.5, noise_multiplier = 1.0 } }
+        """)
+    md = write_report([root], tmp_path / "rep").read_text()
+    with open(tmp_path / "rep" / "scorecard.csv") as f:
+        eps = {r["method"]: r["epsilon"] for r in csv.DictReader(f) if r["harm"] == "accuracy"}
+    assert eps["fedavg"] == "inf" and 0 < float(eps["fedavg_eps8"]) < math.inf
+    assert "## Privacy: accuracy and leakage against ε" in md
+    assert "](plots/dp_rotated_accuracy" in md
+    assert any(p.name.startswith("dp_rotated_accuracy") for p in (tmp_path / "rep" / "plots").glob("*.png"))

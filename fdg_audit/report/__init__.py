@@ -20,6 +20,7 @@ from ..ledger import atomic_write
 from . import plots as P
 from . import scorecard as SC
 from . import tables as T
+from .dp import dp_section
 from .tables import fmt, fmt_metric, human_bytes, md_table, text_table
 
 __all__ = ["write_report", "headline"]
@@ -319,6 +320,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     md += _scorecard_md(res, card) + _differences_md(res) + _victims_md(res) + _tradeoff_md(res, trade_files)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += _bytes_md(res, by, byte_files) + _privacy_md(res, acc, eps, eps_files)
+    md += dp_section(card, res.privacy, plots)   # accuracy and each harm against ε, from the scorecard rows
     if roc_files:
         md += ["## Membership inference ROC", "", "Log-log ROC, scores pooled over each method's runs and victims; "
                "the dashed diagonal is random guessing.", ""] + [_img(f, "ROC") for f in roc_files] + [""]
