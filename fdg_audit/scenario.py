@@ -253,7 +253,7 @@ def plan(raw: dict) -> list[dict]:
                 params = method_params(method, m, sc.train)
                 privacy = privacy_config({**sc.privacy, **m.privacy}, f"methods.{m.label}.privacy"
                                          if m.privacy else "privacy")
-                check_run(privacy, sc.model, data, method, params)
+                check_run(privacy, sc.model, data, method, params, sc.engine)
                 for t in targets:
                     for seed in sc.seeds:
                         runs.append(dict(sc=sc, data=data, ds=ds, method=m, params=params, target=t, seed=seed,

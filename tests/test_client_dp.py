@@ -182,3 +182,62 @@ def test_dp_sgd_refused_at_plan_time_naming_client_level_dp(method):
         plan(raw)
     msg = str(e.value)
     assert "\n" not in msg and f"method {method!r}" in msg and "use client-level DP instead" in msg
+
+
+def adaptive_filter(sigma, clip=0.1, mode="local", k=50, **adaptive):
+    from fdg_audit.plugins import load_method
+    from fdg_audit.privacy.client_dp import ClientDP, ClientDPFilter, check, plan_check
+
+    class P:
+        rounds, participation, weighting = 40, 1.0, "uniform"
+
+    c = check(ClientDP(clip=clip, noise_multiplier=sigma, mode=mode, adaptive=dict(adaptive)), "privacy.client")
+    plan_check(c, load_method("fedavg"), P, k, 1e-5, "rdp", "privacy.client")
+    return ClientDPFilter(c, 1e-5, "rdp")
+
+
+def test_adaptive_clip_converges_to_the_target_quantile_of_update_norms():
+    """Synthetic updates (log-normal norms, 50 clients a round): C_t moves geometrically to the gamma-quantile.
+    Central mode: the count's noise sigma_b = K / 20 (the paper's default) is on the sum, 0.05 on the share."""
+    f = adaptive_filter(1.0, clip=0.2, mode="central", target_quantile=0.3, lr=0.5)
+    g = torch.Generator().manual_seed(0)
+    norms = torch.exp(torch.randn(50, generator=g) * 0.5)            # fixed clients, quantiles known exactly
+    clips = []
+    for rnd in range(1, 41):
+        for i, r in enumerate(norms):
+            d = torch.randn(20, generator=g, dtype=torch.float64)
+            f("weights", {"w": (d / d.norm() * r).float()}, {}, dict(run="r", round=rnd, sender=f"c{i}", received={}))
+        clips.append(f.clips["r"][1])
+    assert clips[0] == 0.2 and clips[1] == pytest.approx(0.2 * math.exp(0.5 * 0.3), rel=0.05)   # geometric step
+    q = torch.quantile(norms, 0.3).item()
+    share = [(norms <= c).float().mean().item() for c in clips[-10:]]
+    assert abs(sum(share) / 10 - 0.3) < 0.12, share                 # clipped share hovers at the target
+    assert 0.6 * q < sum(clips[-10:]) / 10 < 1.6 * q
+
+
+def test_adaptive_clip_noise_split_and_accountant_at_the_effective_sigma():
+    """The update carries sigma_Delta C_t with (sigma_Delta^-2 + (2 sigma_b)^-2)^-1/2 = sigma, and the accountant's
+    epsilon equals Opacus' at sigma (the pair is one Gaussian mechanism)."""
+    from opacus.accountants import RDPAccountant
+
+    from fdg_audit.privacy.client_dp import split_noise
+    f = adaptive_filter(1.2, clip=0.5, k=40, bit_noise=2.0)
+    sd = split_noise(1.2, 2.0)
+    assert (sd ** -2 + 4.0 ** -2) ** -0.5 == pytest.approx(1.2) and sd > 1.2
+    for rnd in (1, 2, 3):
+        w = torch.full((4000,), 10.0)                              # norm 632 >> C: clipped
+        out, _, ev = f("weights", {"w": w}, {}, dict(run="r", round=rnd, sender="c0", received={}))
+        clip = ev["clip"]
+        resid = out["w"].double() - w.double() * clip / w.double().norm()
+        assert resid.std().item() == pytest.approx(sd * clip, rel=0.05)
+        assert ev["update_noise_multiplier"] == pytest.approx(sd) and ev["bit_noise"] == 2.0
+        acc = RDPAccountant()
+        for _ in range(rnd):
+            acc.step(noise_multiplier=1.2, sample_rate=1.0)
+        assert ev["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+    with pytest.raises(UserError, match="bit_noise"):
+        adaptive_filter(6.0, k=40, bit_noise=2.0)                  # 2 sigma_b <= sigma: no budget left for the update
+    with pytest.raises(UserError, match="engine"):
+        from fdg_audit.privacy.client_dp import ClientDP, check, plan_check
+        plan_check(check(ClientDP(adaptive={"lr": 0.2}), "p"), type("M", (), {"name": "x"}),
+                   type("P", (), {"rounds": 2}), 3, 1e-5, "rdp", "p", engine="process")

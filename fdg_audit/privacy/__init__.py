@@ -127,7 +127,7 @@ def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | 
     return cfg if (cfg.dp_sgd or cfg.artifacts or cfg.audit.canaries or cfg.client) else None
 
 
-def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=None) -> None:
+def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=None, engine: str = "local") -> None:
     """Checks that need the model, data and method: BatchNorm under DP-SGD, methods that refuse DP-SGD, client-level
     DP settings (clients per round, sampling rate, calibrated sigma), audited clients, canary count."""
     if cfg is None:
@@ -138,7 +138,7 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=No
     if cfg.client is not None and method is not None:
         from .client_dp import plan_check
         k = (len(data.names) - 1) * getattr(data, "clients_per_domain", 1)   # source clients of a run
-        plan_check(cfg.client, method, params, k, cfg.delta, cfg.accountant, "privacy.client")
+        plan_check(cfg.client, method, params, k, cfg.delta, cfg.accountant, "privacy.client", engine)
     if cfg.dp_sgd and model_cfg.norm == "batch":
         raise UserError("model.norm = \"batch\" with privacy.dp_sgd: Opacus refuses BatchNorm (it mixes the "
                         "examples of a batch): set model.norm = \"group\"")

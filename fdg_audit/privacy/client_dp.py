@@ -21,12 +21,30 @@ touched: they need their own mechanism (``[privacy.artifacts]``) or stay outside
 Modes (named in the envelope's event):
 * ``local``: noise N(0, (sigma C)^2) on each upload at the client, against an untrusted server that sees every
   upload. The server's relays are post-processing.
-* ``central``: a trusted aggregator. Each client adds N(0, sigma^2 C^2 / K) (K = clients per round), so the uniform
-  mean the server computes carries exactly DP-FedAvg's N(0, (sigma C / K)^2) for the mean of K clipped updates
-  (the distributed-Gaussian realization of central DP under secure aggregation). The epsilon holds for the
-  aggregate and everything derived from it (the global model, what other clients receive); a server that reads
-  individual uploads (no secure aggregation) is outside it, and the ledger's uploads show what such a server sees.
-  It needs a uniform mean (sensitivity C / K): methods whose server aggregates otherwise are refused at plan time.
+* ``central``: DP-FedAvg's trusted aggregator, implemented as *distributed* noise: each client adds
+  N(0, sigma^2 C^2 / K) (K = clients per round) to its own upload, so the uniform mean the server computes carries
+  exactly the N(0, (sigma C / K)^2) that a trusted server would add to the mean of K clipped updates. There is no
+  trusted party in the code: the guarantee needs (a) secure aggregation, or a server trusted not to read
+  individual uploads (each upload alone carries only sigma / sqrt(K) of noise: its epsilon against a server that
+  reads it is that of multiplier sigma / sqrt(K), far larger; the ledger's uploads show what such a server sees),
+  and (b) all K clients to add their share honestly (a dropped or colluding client lowers the aggregate's noise).
+  The epsilon holds for the aggregate and everything derived from it (the global model, what other clients
+  receive). It needs a uniform mean (sensitivity C / K): methods whose server aggregates otherwise are refused at
+  plan time. The update audit skips central-mode runs (it reads individual uploads).
+
+Adaptive clipping (Andrew et al. 2021, "Differentially private learning with adaptive clipping"), an option::
+
+    adaptive = { target_quantile = 0.5, lr = 0.2, bit_noise = 0.0 }   # clip is then the initial C_0
+
+Each release also carries the clipped-count term b - 1/2 (b = 1 when the update's norm is at most C_t) with noise
+sigma_b (``bit_noise``; 0 = K / 20, the paper's choice; sigma_b / sqrt(K) per client in central mode), recorded in
+the envelope's event (``clipped_bit``: what the server reads). After a round s, every client's next C is
+C_s exp(-lr (b_s - target_quantile)), b_s the mean of round s's released terms + 1/2 (the paper's geometric
+update). The pair (update, count) is one Gaussian mechanism of multiplier sigma when the update takes
+sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^-1/2 (the paper's Theorem 1; the terms have sensitivity 1/2 under
+zero-out), so the accounting is unchanged at the configured (or calibrated) sigma; the event records
+``update_noise_multiplier`` = sigma_Delta. Plan refuses sigma_b too small to leave a budget (2 sigma_b <= sigma),
+and engines other than ``local`` (the filter needs every client's term of the round in one process).
 
 Neighbouring relation ("one client", zero-out, Kairouz et al. 2021): one client's update replaced by zero (the
 client contributes nothing). Sensitivity C (local) or C / K (central), so each release is a Gaussian mechanism
@@ -75,12 +93,20 @@ CANARY_SALT = 0xC11E
 
 
 @dataclass
+class Adaptive:
+    target_quantile: float = 0.5    # gamma: the share of clients whose update norm should fall below C
+    lr: float = 0.2                 # eta_C: C <- C exp(-eta_C (b - gamma)) each round (the paper's geometric update)
+    bit_noise: float = 0.0          # sigma_b: std of the noise on the clipped-count estimate; 0 = K / 20 (the paper)
+
+
+@dataclass
 class ClientDP:
-    clip: float = 1.0
+    clip: float = 1.0               # C (with adaptive: the initial C_0)
     noise_multiplier: float = 1.0
     target_epsilon: float = 0.0
     mode: str = "local"
     kinds: list = field(default_factory=lambda: list(UPDATE_KINDS))
+    adaptive: dict = field(default_factory=dict)    # {} = fixed C; a table (Adaptive's keys) = adaptive clipping
     clients: int = 0                # K, clients per round (set at plan time)
     sample_rate: float = 1.0        # q, client sampling rate (set at plan time)
     rounds: int = 0                 # for target_epsilon (set at plan time)
@@ -94,7 +120,23 @@ def check(c: ClientDP, where: str) -> ClientDP:
                         f"noise_multiplier = {c.noise_multiplier}, target_epsilon = {c.target_epsilon}")
     if not isinstance(c.kinds, list) or not c.kinds:
         raise UserError(f"{where}.kinds must be a non-empty list of artifact kinds, e.g. [\"weights\"]")
+    if c.adaptive:
+        from ..params import typed
+        a = c.adaptive = typed(Adaptive, c.adaptive, f"{where}.adaptive")
+        if not 0 < a.target_quantile < 1 or a.lr < 0 or a.bit_noise < 0:
+            raise UserError(f"{where}.adaptive: need 0 < target_quantile < 1, lr >= 0 and bit_noise >= 0, got "
+                            f"{a.target_quantile}, {a.lr}, {a.bit_noise}")
     return c
+
+
+def split_noise(z: float, sigma_b: float) -> float:
+    """sigma_Delta, the update's noise multiplier when the clipped-count estimate takes noise sigma_b (Andrew et al.
+    2021, Thm. 1: the pair is one Gaussian mechanism of multiplier z = (sigma_Delta^-2 + (2 sigma_b)^-2)^-1/2, the
+    count's terms b - 1/2 having sensitivity 1/2); inf when z = 0 is asked of a noisy count."""
+    if z == 0:
+        return 0.0
+    rest = z ** -2 - (2 * sigma_b) ** -2
+    return math.inf if rest <= 0 else rest ** -0.5
 
 
 @lru_cache(maxsize=256)
@@ -107,8 +149,10 @@ def calibrate(target: float, delta: float, q: float, steps: int, accountant: str
                                           accountant=accountant, epsilon_tolerance=0.01))
 
 
-def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accountant: str, where: str) -> None:
-    """Plan-time settings: K, q, the calibrated sigma, and the central mode's uniform-mean requirement."""
+def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accountant: str, where: str,
+               engine: str = "local") -> None:
+    """Plan-time settings: K, q, the calibrated sigma, the central mode's uniform-mean requirement and adaptive
+    clipping's noise split."""
     c.clients = n_clients
     c.sample_rate = float(getattr(params, "participation", 1.0) or 1.0)
     c.rounds = params.rounds
@@ -121,6 +165,16 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
     if c.target_epsilon > 0:
         # rounds + 1 releases: covers a round-0 update (CSAC's acquisition); privacy.csv gives the realized epsilon
         c.noise_multiplier = calibrate(c.target_epsilon, delta, c.sample_rate, params.rounds + 1, accountant)
+    a = c.adaptive
+    if a:
+        if engine != "local":
+            raise UserError(f"{where}.adaptive: adaptive clipping needs every client's noised count of the round in "
+                            f"one place, which engine = {engine!r} does not give the filter: use engine = \"local\"")
+        if not a.bit_noise:
+            a.bit_noise = n_clients / 20
+        if c.noise_multiplier > 0 and math.isinf(split_noise(c.noise_multiplier, a.bit_noise)):
+            raise UserError(f"{where}.adaptive: bit_noise = {a.bit_noise:g} leaves no budget for the update at noise "
+                            f"multiplier {c.noise_multiplier:.3g} (need 2 bit_noise > it): raise adaptive.bit_noise")
 
 
 def noise(run: str, sender: str, rnd: int, kind: str, count: int, n: int, device=None) -> torch.Tensor:
@@ -157,6 +211,23 @@ class ClientDPFilter:
         self.audit = audit if audit is not None and audit.update_canaries else None
         self.releases: dict = {}   # (run, sender) -> {round: releases}
         self.sent: dict = {}       # (run, sender, round, kind) -> releases so far
+        self.bits: dict = {}       # adaptive: (run, round) -> the noised clipped-count terms released that round
+        self.clips: dict = {}      # adaptive: run -> (round, C of that round)
+
+    def clip(self, run: str, rnd: int) -> float:
+        """C of this round: fixed, or (adaptive) C_t = C_s exp(-eta (b_s - gamma)) from the last round s < t with
+        releases, b_s = the noised share of that round's updates whose norm was at most C_s (Andrew et al. 2021).
+        The share is over every release of round s (each release's noised term in its envelope's event)."""
+        a = self.c.adaptive
+        if not a:
+            return self.c.clip
+        s, cs = self.clips.get(run, (None, self.c.clip))
+        if s is not None and s < rnd:
+            bits = self.bits.pop((run, s), [])
+            b = sum(bits) / max(1, len(bits)) + 0.5      # the released terms are b_i - 1/2 (+ noise)
+            cs = cs * math.exp(-a.lr * (b - a.target_quantile))
+        self.clips[run] = (rnd, cs)
+        return cs
 
     def history(self, run: str, sender: str) -> list[tuple]:
         rel = self.releases[(run, sender)]
@@ -180,6 +251,9 @@ class ClientDPFilter:
             raise UserError(f"privacy.client: the {kind!r} update carries scalars {sorted(scalars)}, which client-level "
                             "DP cannot bound: drop the kind from privacy.client.kinds or the scalars from the method")
         c, received = self.c, where.get("received", {})
+        clip, a = self.clip(run, rnd), c.adaptive
+        central = math.sqrt(c.clients) if c.mode == "central" and c.clients else 1.0
+        sigma = split_noise(c.noise_multiplier, a.bit_noise) if a else c.noise_multiplier
         out, deltas, refs = dict(arrays), {}, {}
         for name, v in arrays.items():
             v = torch.as_tensor(v)
@@ -192,21 +266,26 @@ class ClientDPFilter:
                 continue
             ref = torch.zeros_like(v, dtype=torch.float64) if ref is None else ref.to(v.device, torch.float64)
             refs[name], deltas[name] = ref, v.double() - ref
-        audited = 0
+        audited, bit = 0, None
         if deltas:
             norm = torch.sqrt(sum(d.pow(2).sum() for d in deltas.values()))
-            f = (c.clip / (norm + 1e-12)).clamp(max=1.0)
-            std = c.noise_multiplier * c.clip / (math.sqrt(c.clients) if c.mode == "central" and c.clients else 1.0)
+            f = (clip / (norm + 1e-12)).clamp(max=1.0)
+            std = sigma * clip / central
             n = self.sent.get((run, sender, rnd, kind), 0)
             self.sent[(run, sender, rnd, kind)] = n + 1
             dev = next(iter(deltas.values())).device
             size = sum(d.numel() for d in deltas.values())
             z = noise(run, sender, rnd, kind, n, size, dev) * std
-            a, audited = self.audit, 0
-            if a is not None and (not a.clients or sender in a.clients):
-                audited = a.update_canaries
-                coins = torch.as_tensor(canary_coins(run, sender, a.update_canaries, a.seed), dtype=torch.float64)
-                z = z + ((coins * c.clip) @ update_canaries(a.update_canaries, size, a.seed)).to(dev)
+            aud = self.audit
+            if aud is not None and (not aud.clients or sender in aud.clients):
+                audited = aud.update_canaries
+                coins = torch.as_tensor(canary_coins(run, sender, aud.update_canaries, aud.seed), dtype=torch.float64)
+                z = z + ((coins * clip) @ update_canaries(aud.update_canaries, size, aud.seed)).to(dev)
+            if a:     # the clipped-count term b - 1/2 with noise sigma_b (sigma_b / sqrt(K) each in central mode)
+                g = noise_generator(run, sender, rnd, f"client_dp_bit:{kind}", n)
+                e = float(torch.randn((), generator=g, dtype=torch.float64))
+                bit = float(norm <= clip) - 0.5 + e * a.bit_noise / central
+                self.bits.setdefault((run, rnd), []).append(bit)
             i = 0
             for name, d in deltas.items():
                 k = d.numel()
@@ -217,9 +296,11 @@ class ClientDPFilter:
         acc = new_accountant(self.accountant)
         acc.history = self.history(run, sender)
         event = dict(mechanism="client_dp", mode=c.mode, update_kind=kind, accountant=self.accountant,
-                     noise_multiplier=c.noise_multiplier, clip=c.clip, sample_rate=c.sample_rate,
+                     noise_multiplier=c.noise_multiplier, clip=clip, sample_rate=c.sample_rate,
                      clients=c.clients, steps=sum(h[2] for h in acc.history), delta=self.delta,
                      epsilon=epsilon(acc, self.delta), history=[list(h) for h in acc.history],
                      example_history=[[h[0] / 2, h[1], h[2]] for h in acc.history], adjacency=ADJACENCY,
                      update_canaries=audited)
+        if a:
+            event.update(update_noise_multiplier=sigma, bit_noise=a.bit_noise, clipped_bit=bit if deltas else None)
         return out, scalars, event
