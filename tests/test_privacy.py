@@ -151,12 +151,15 @@ def test_clipping_bound_and_noise_scale_unit():
 def test_batchnorm_and_non_private_losses_are_refused(run_toml, tmp_path):
     with pytest.raises(UserError, match='model.norm = "group"'):
         run_toml(DATA.format(n=40, rounds=1) + DPSGD + '[model]\nnorm = "batch"\n[[methods]]\nname = "fedavg"\n')
-    for method in ("csac", "ccst", "fpl"):      # refused at plan time, in one line naming client-level DP
+    for method in ("csac", "fedsr"):      # refused at plan time (every such method: test_client_dp.py)
         with pytest.raises(UserError, match=f"'{method}' has no per-example objective .*client-level DP") as e:
             run_toml(DATA.format(n=40, rounds=1) + DPSGD + f'[[methods]]\nname = "{method}"\n', name=method)
         assert "\n" not in str(e.value) and not (tmp_path / "runs" / method).exists()   # before any training
-    with pytest.raises(UserError, match="not marked as a mean of per-example terms"):   # others: at fit time
-        run_toml(DATA.format(n=40, rounds=1) + DPSGD + '[[methods]]\nname = "fedsr"\n', name="f")
+    from types import SimpleNamespace
+
+    from fdg_audit.privacy.dpsgd import check_loss
+    with pytest.raises(UserError, match="not marked as a mean of per-example terms"):   # a plugin's own loss: at fit
+        check_loss(SimpleNamespace(train=None), torch.nn.Linear(2, 2), lambda m, x, y: 0, None)
 
 
 def test_dp_fit_refuses_batchnorm_models_built_by_a_method():
