@@ -423,7 +423,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     attacks = [_make(c, device) for c in attack_cfgs]
     used = {label for labels in _selection(ledger, runs, attacks, device, True).values() for label in labels}
     attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
-    rows, controls = [], []
+    rows, controls, cache = [], [], {}
     for label, atk, job in attacks:
         ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
         for c in _controls(atk, job, isolate):   # there is none) makes every number of this attack "not measurable"
@@ -446,8 +446,9 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
             envs = view_envelopes(ledger, run_id, atk.adversary, me)
             if not applicable(atk, {e.kind for e in envs if ledger.stored(e)}):
                 continue
-            aux, members = build_aux(run, atk.aux, seed=run["seed"])
-            truth = Truth(root, run)
+            key = (run_id, tuple(sorted(atk.aux)))   # built once per run (and aux need), shared by the attacks
+            aux, members = cache[key] if key in cache else cache.setdefault(key, build_aux(run, atk.aux, run["seed"]))
+            truth = cache[run_id] if run_id in cache else cache.setdefault(run_id, Truth(root, run))
             if not quiet and sys.stderr.isatty():
                 sys.stderr.write(f"\rattack {label} on {run_id} ...")
             try:

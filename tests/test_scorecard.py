@@ -180,3 +180,12 @@ def test_attacks_all_string_and_bad_keys():
         parse({"attacks": [{"name": "all", "iterations": 5}]})
     with pytest.raises(UserError, match="not a registered attack"):
         parse({"attacks": [{"name": "all", "exclude": ["nope"]}]})
+
+
+def test_attack_randomness_is_salted_by_the_run_seed():
+    """Runs of different seeds draw independent attack randomness; the same run seed gives the same draws."""
+    from fdg_audit.attack import _make, salted
+    _, atk, job = _make({"name": "amplitude_phase_retrieval"}, "cpu")
+    seeds = {salted(atk, job, s)[0].p.seed for s in (0, 1, 2)}
+    assert len(seeds) == 3 and salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[1]["params"]["seed"]
+    assert salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[0].p.seed and atk.p.seed == 0

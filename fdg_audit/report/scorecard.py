@@ -47,7 +47,8 @@ AUX_WORDS = {"public": "public target-domain images", "domain_samples": "public 
              "candidates": "a pool of the victim's members and non-members"}
 OUTPUT_WORDS = {"box": "box constraint only", "support": "support mask from public images",
                 "support_domain": "support mask from same-site public images",
-                "support_frame": "known-layout support frame", "perturbed": "perturbed copies of the candidates",
+                "support_frame": "known-layout frame (the upright 20x20 digit box)",
+                "perturbed": "perturbed copies of the candidates",
                 "sent": "reads the value the client sent"}
 
 
