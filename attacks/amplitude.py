@@ -196,7 +196,16 @@ class PRParams(AttackParams):
 class PhaseRetrieval(Attack):
     """Variants: "box" (no support), "support" (mask estimated from aux.public, the held-out domain),
     "support_domain" (estimated from aux.domain_samples of the victim's own domain, i.e. same-site public
-    images), "support_frame" (a known border of frame_px pixels)."""
+    images), "support_frame" (a known border of frame_px pixels).
+
+    The frame is the layout prior of the upright embedded digits (each digit scaled into the central 20 x 20 box
+    of the 28 x 28 canvas, a 4 px empty border): public knowledge of how the dataset is made, never read off the
+    victim's images. Rotated domains break it: a digit rotated by 15 deg about the centre reaches past that box
+    near the corners, so on rot15 the frame zeroes true pixels. Measured on 16 rot15 training images (1000 HIO +
+    200 ER, 8 restarts, zero background): 24.0 dB mean aligned PSNR with the 4 px frame, 28.3 dB with the exact
+    rotated 20 x 20 box (which does contain every digit); 3000 + 600 iterations with the rotated box give no more
+    (the failed images stagnate at a Fourier residual near 1e-3, not for lack of iterations). On rot0 the frame
+    is exact and the per-image PSNR is bimodal (24 - 93 dB): some images come back exactly, others stagnate."""
     name = "amplitude_phase_retrieval"
     consumes = (KIND,)
     adversary = "client"

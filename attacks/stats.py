@@ -177,9 +177,10 @@ def size_from_steps(steps: float, view) -> float:
     return max(1.0, (steps / max(1, p["local_epochs"]) - 0.5) * p["batch_size"]) / augmentation_factor(view)
 
 
-def shadow_norms(view, down: dict, public, max_steps: int, gen) -> np.ndarray:
+def shadow_norms(view, down: dict, public, max_steps: int, gen, stop: float = float("inf")) -> np.ndarray:
     """The attacker's calibration: train the broadcast model on public data with the protocol's optimizer and
-    record ||theta_s - theta_0|| (parameters only) after every step."""
+    record ||theta_s - theta_0|| (parameters only) after every step; stop after the first step whose norm
+    reaches ``stop`` (the curve's running maximum is all the estimator reads, so later steps change nothing)."""
     p = view.params
     tp = TrainParams(**{k: p[k] for k in ("lr", "optimizer", "momentum", "weight_decay") if k in p})
     model = view.model(down).train().requires_grad_(True)
@@ -194,6 +195,8 @@ def shadow_norms(view, down: dict, public, max_steps: int, gen) -> np.ndarray:
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         opt.step()
         norms.append(float((_flat(dict(model.state_dict())) - start).norm()))
+        if norms[-1] >= stop:
+            break
     return np.maximum.accumulate(np.array(norms))
 
 
@@ -212,8 +215,8 @@ def estimate_size(view, victim: str, rnd: int, public=None, max_steps: int = 200
         return size_from_steps(float(up[nbt[0]] - down[nbt[0]]), view), "bn_steps"
     if public is None:
         return None, "no n_samples, no BN step counter and no public data for the update-norm calibration"
-    curve = shadow_norms(view, down, public, max_steps, gen or torch.Generator().manual_seed(0))
     target = float((_flat(up) - _flat(down)).norm())
+    curve = shadow_norms(view, down, public, max_steps, gen or torch.Generator().manual_seed(0), target)
     steps = int(np.searchsorted(curve, target)) + 1
     return size_from_steps(min(steps, max_steps), view), "update_norm"
 

@@ -19,6 +19,7 @@ attacks/README.md is the how-to.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import io
@@ -318,6 +319,11 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> list[dict]:
             prior = np.full(len(counts), len(y) / len(counts))
             acc, accb = M.label_count_accuracy(np.asarray(out.value), counts), M.label_count_accuracy(prior, counts)
             add("label_count_acc", acc, accb, one(acc), one(accb))
+            # the distribution alone (1 - total variation): the estimate rescaled to the true total, so an error in
+            # the victim's size (scored as dataset_size) does not count twice; the prior is already at that total
+            v = np.asarray(out.value, float)
+            dist = float(M.label_count_accuracy(v * len(y) / v.sum(), counts)) if v.sum() > 0 else float("nan")
+            add("label_dist_acc", dist, accb, one(dist), one(accb))
             add("label_existence_f1", M.existence_f1(np.asarray(out.value), counts),
                 M.existence_f1(np.ones(len(counts)), counts))
     elif isinstance(out, Audit):
@@ -417,7 +423,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     attacks = [_make(c, device) for c in attack_cfgs]
     used = {label for labels in _selection(ledger, runs, attacks, device, True).values() for label in labels}
     attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
-    rows, controls = [], []
+    rows, controls, cache = [], [], {}
     for label, atk, job in attacks:
         ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
         for c in _controls(atk, job, isolate):   # there is none) makes every number of this attack "not measurable"
@@ -440,12 +446,13 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
             envs = view_envelopes(ledger, run_id, atk.adversary, me)
             if not applicable(atk, {e.kind for e in envs if ledger.stored(e)}):
                 continue
-            aux, members = build_aux(run, atk.aux, seed=run["seed"])
-            truth = Truth(root, run)
+            key = (run_id, tuple(sorted(atk.aux)))   # built once per run (and aux need), shared by the attacks
+            aux, members = cache[key] if key in cache else cache.setdefault(key, build_aux(run, atk.aux, run["seed"]))
+            truth = cache[run_id] if run_id in cache else cache.setdefault(run_id, Truth(root, run))
             if not quiet and sys.stderr.isatty():
                 sys.stderr.write(f"\rattack {label} on {run_id} ...")
             try:
-                outs = _execute(atk, job, ledger, envs, run, me, aux, device, isolate)
+                outs = _execute(*salted(atk, job, run["seed"]), ledger, envs, run, me, aux, device, isolate)
             except UserError:
                 raise
             except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
@@ -483,6 +490,18 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     if not quiet and sys.stderr.isatty():
         sys.stderr.write("\n")
     return root / "leakage.csv"
+
+
+def salted(atk, job: dict, run_seed: int) -> tuple:
+    """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
+    different seeds draw independent attack randomness (restarts, batches, probes) and the intervals over seeds
+    include it; an attack without a ``seed`` parameter is returned as is. Controls keep the unsalted seed."""
+    if "seed" not in {f.name for f in dataclasses.fields(atk.p)}:
+        return atk, job
+    seed = zlib.crc32(f"{atk.p.seed}:{int(run_seed)}".encode())
+    a = copy.copy(atk)
+    a.p = dataclasses.replace(atk.p, seed=seed)
+    return a, dict(job, params=dict(job["params"], seed=seed))
 
 
 def observer(atk, run: dict) -> str:

@@ -214,7 +214,9 @@ def _worker(folder: str, paths: dict) -> None:
 def _context():
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["fdg_audit.attack"])   # the core only: never a plugin or the parent's data
+        # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first
+        # optimizer a process builds (seconds), which every worker that trains or optimises would pay again
+        ctx.set_forkserver_preload(["fdg_audit.attack", "torch._dynamo"])
         return ctx
     return mp.get_context("spawn")
 

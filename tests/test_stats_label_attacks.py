@@ -96,6 +96,11 @@ shadow_batches = 4
     acc = [x for x in r if x["metric"] == "label_count_acc" and x["attack"] == "label_distribution"]
     assert len(acc) == 6
     assert np.mean([float(x["value"]) for x in acc]) > np.mean([float(x["baseline"]) for x in acc]) + 0.15
+    dist = {(x["run"], x["victim"]): float(x["value"]) for x in r
+            if x["metric"] == "label_dist_acc" and x["attack"] == "label_distribution"}
+    sent = [x for x in acc if x["method"] == "fedavg"]   # n sent: the totals agree, so the two scores agree
+    assert len(dist) == 6 and len(sent) == 3
+    assert all(dist[(x["run"], x["victim"])] == pytest.approx(float(x["value"])) for x in sent)
     dom = [x for x in r if x["attack"] == "norm_stats_domain"]
     assert len(dom) == 6 and all(x["metric"] == "domain_balanced_acc" for x in dom)
 
@@ -115,3 +120,21 @@ name = "norm_stats_domain"
     assert all(x["status"].startswith("skipped") for x in r if x["attack"] == "norm_stats_domain")
     size = [x for x in r if x["attack"] == "dataset_size"]
     assert len(size) == 3 and all(x["output"] == "update_norm" and np.isfinite(float(x["value"])) for x in size)
+
+
+def test_label_distribution_score_does_not_charge_a_size_error_twice():
+    """label_dist_acc scores the class proportions: an estimate with the right proportions but twice the
+    victim's size keeps label_dist_acc = 1 (the size error is dataset_size's), while label_count_acc drops."""
+    from fdg_audit.attack import Estimate, Truth, score
+    from fdg_audit.sandbox import Aux
+    data = load_data(DataConfig(family="appearance", per_domain=100, domains=["grey", "colour"]))
+    truth = Truth.__new__(Truth)
+    truth.data = data
+    y = data.domain("colour").train.y.numpy()
+    counts = np.bincount(y, minlength=10)
+    rows = {r["metric"]: r for r in score(Estimate("colour", "weights", 1, "label_counts", 2.0 * counts), truth, {},
+                                          Aux(num_classes=10, domains=["grey", "colour"]))}
+    assert rows["label_dist_acc"]["value"] == pytest.approx(1.0)
+    assert rows["label_count_acc"]["value"] == pytest.approx(0.5)
+    assert rows["label_dist_acc"]["baseline"] == pytest.approx(rows["label_count_acc"]["baseline"])
+    assert rows["label_dist_acc"]["baseline"] < 1

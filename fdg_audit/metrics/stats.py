@@ -141,24 +141,46 @@ def paired_values(a: np.ndarray, f: np.ndarray, strata: np.ndarray | None = None
 
 def half(ids: np.ndarray, salt: int = 0) -> np.ndarray:
     """Half (False = A, True = B) of each item id: a 64-bit mixing hash, so the same id lands in the same half."""
+    return (_mix(ids, salt) & np.uint64(1)).astype(bool)
+
+
+def _mix(ids: np.ndarray, salt: int = 0) -> np.ndarray:
+    """A 64-bit mixing hash (splitmix64's finaliser) of each id, salted."""
     with np.errstate(over="ignore"):
         z = np.asarray(ids).astype(np.uint64) + np.uint64(salt) * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z & np.uint64(1)).astype(bool)
+        return z ^ (z >> np.uint64(31))
 
 
 def heldout(cands: list[Items], higher: bool = True, salt: int = 0) -> tuple[int, Items, str]:
     """(index of the chosen candidate, its items on half B, "heldout") for several candidates; the only
-    candidate with all its items and "single" for one. The choice is the strongest metric on half A."""
+    candidate with all its items and "single" for one. The choice is the strongest metric on half A.
+
+    Few items (e.g. estimates, whose items are the victims): when the hash leaves a half empty, the distinct ids
+    are ranked by their hash and alternate between the halves ("heldout-ranked"); with a single item no split is
+    possible and nothing is chosen on data: the candidates' values are averaged ("mean", per-item "mean" kinds),
+    else the first candidate in the harness's order is taken ("first")."""
     if len(cands) == 1:
         return 0, cands[0], "single"
+    cands = [c if c.ids is not None else Items(c.kind, c.x, c.y, np.arange(len(c))) for c in cands]
+    ids = np.unique(np.concatenate([c.ids for c in cands]))
+    inb = half(ids, salt)
+    how = "heldout"
+    if inb.all() or not inb.any():
+        if len(ids) < 2:
+            if all(c.kind == "mean" for c in cands):
+                return 0, Items("mean", np.array([np.mean([c.stat() for c in cands])]), ids=ids[:1]), "mean"
+            return 0, cands[0], "first"
+        inb = np.zeros(len(ids), bool)
+        inb[np.argsort(_mix(ids, salt), kind="stable")[1::2]] = True
+        how = "heldout-ranked"
+    split = lambda c: inb[np.searchsorted(ids, c.ids)]  # noqa: E731  (half of each of c's items)
     best, best_v = 0, None
     for i, c in enumerate(cands):
-        a = c.sub(~half(c.ids, salt))
+        a = c.sub(~split(c))
         v = a.stat() if len(a) else np.nan
         if np.isfinite(v) and (best_v is None or (v > best_v if higher else v < best_v)):
             best, best_v = i, v
     c = cands[best]
-    return best, c.sub(half(c.ids, salt)), "heldout"
+    return best, c.sub(split(c)), how

@@ -191,8 +191,9 @@ def _scorecard_md(res, card) -> list[str]:
     md = ["## Privacy scorecard", "",
           "One row per method, harm and adversary (scorecard.csv). **value**: per run (held-out target × seed) "
           "the strongest attack output (attack × artifact × variant × victim × round) is chosen on one half of "
-          "the images/candidates and scored on the other half (selection \"heldout\"; \"single\" when there is "
-          "one candidate), then the mean over runs. **baseline**: the trivial attack (mean or flat image, chance, "
+          "the images/candidates and scored on the other half (selection \"heldout\"; \"heldout-ranked\" when a "
+          "hash split of few items left a half empty; \"single\" when there is one candidate; \"mean\" of the "
+          "candidates when there is one item), then the mean over runs. **baseline**: the trivial attack (mean or flat image, chance, "
           "prior), chosen and scored the same way. Brackets: 95% bootstrap interval over the items of each run "
           "and over runs (fdg_audit/metrics/stats.py). **Δ FedAvg**: this cell minus FedAvg's cell, paired by "
           "target and seed: the leakage (or accuracy) a method adds by what it sends beyond FedAvg's weights. "

@@ -7,7 +7,8 @@
   * value: per run (held-out target x seed), every measurable output of every attack for that harm and
     adversary (attack x artifact x output variant x victim x round) is a candidate; the strongest candidate is
     chosen on half of the items and scored on the other half (``selection = "heldout"``;
-    fdg_audit.metrics.stats.heldout), or scored on all items when there is one candidate ("single"). Estimates
+    fdg_audit.metrics.stats.heldout), or scored on all items when there is one candidate ("single"); with few items see ``heldout``
+    ("heldout-ranked", "mean", "first"). Estimates
     (label counts, dataset size) have one value per victim, so their items are the victims. The value is the mean
     over runs; ci_low/ci_high: the 95% two-stage bootstrap (runs, then items within each run;
     fdg_audit.metrics.stats).
@@ -38,15 +39,16 @@ FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "adversary", "metri
           "baseline", "baseline_ci_low", "baseline_ci_high", "diff_fedavg", "diff_ci_low", "diff_ci_high", "attack",
           "artifact", "assumes", "control", "selection", "n_runs", "n_items"]
 HARMS = {"reconstruction": ("psnr",), "membership": ("auc",), "domain": ("domain_balanced_acc",),
-         "class": ("class_balanced_acc", "label_acc"), "label_distribution": ("label_count_acc",),
+         "class": ("class_balanced_acc", "label_acc"), "label_distribution": ("label_dist_acc",),
          "dataset_size": ("n_samples_rel_error",)}
 HARM_OF = {m: h for h, ms in HARMS.items() for m in ms}
-ESTIMATES = {"label_count_acc", "n_samples_rel_error"}   # one value per victim: the victims are the items
+ESTIMATES = {"label_count_acc", "label_dist_acc", "n_samples_rel_error"}   # one value per victim: the victims are the items
 AUX_WORDS = {"public": "public target-domain images", "domain_samples": "public samples of each source domain",
              "candidates": "a pool of the victim's members and non-members"}
 OUTPUT_WORDS = {"box": "box constraint only", "support": "support mask from public images",
                 "support_domain": "support mask from same-site public images",
-                "support_frame": "known-layout support frame", "perturbed": "perturbed copies of the candidates",
+                "support_frame": "known-layout frame (the upright 20x20 digit box)",
+                "perturbed": "perturbed copies of the candidates",
                 "sent": "reads the value the client sent"}
 
 

@@ -46,6 +46,7 @@ METRICS = {
     "class_balanced_acc": MetricInfo("fraction", True, "balanced accuracy of the inferred class"),
     "domain_balanced_acc": MetricInfo("fraction", True, "balanced accuracy of the inferred source domain"),
     "label_count_acc": MetricInfo("fraction", True, "label-count accuracy (multiset overlap)"),
+    "label_dist_acc": MetricInfo("fraction", True, "label-distribution accuracy (1 - total variation)"),
     "label_existence_f1": MetricInfo("", True, "F1 of which labels a client holds"),
     "n_samples_rel_error": MetricInfo("fraction", False, "relative error of the estimated dataset size"),
     "label_acc": MetricInfo("fraction", True, "accuracy of the labels inferred with the reconstructions"),
@@ -56,7 +57,7 @@ METRICS = {
     "audit_auc": MetricInfo("", True, "ROC AUC of the canary scores"),
 }
 # the metrics shown in the terminal headline (per artifact, those present), in order of preference
-PRIMARY = ["psnr", "auc", "class_balanced_acc", "domain_balanced_acc", "label_count_acc", "n_samples_rel_error",
+PRIMARY = ["psnr", "auc", "class_balanced_acc", "domain_balanced_acc", "label_dist_acc", "n_samples_rel_error",
            "eps_lb_one_run"]
 NOT_LEAKAGE = {"eps_theory"}   # reported in the leakage table, but no axis of an accuracy-vs-leakage plot
 
