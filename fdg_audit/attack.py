@@ -243,12 +243,14 @@ def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
                 aux.domain_samples[c.name] = aux.domain_samples[d.name]
             if "candidates" not in need:
                 continue
-            # non-members come from the first half of the domain's val split (the second half is public)
-            out = np.flatnonzero(np.isin(c.val.idx, d.val.idx[:half]))
-            n = min(len(out), len(c.train.y))
-            mi = rng.choice(len(c.train.y), n, replace=False)
-            x = torch.cat([c.train.x[mi], c.val.x[out[:n]]])
-            y = torch.cat([c.train.y[mi], c.val.y[out[:n]]])
+            # non-members come from the first half of the domain's val split (the second half is public); with
+            # several clients per domain they are shared: no client of the domain trained on them
+            n = min(half, len(c.train.y))
+            if n == 0:
+                continue
+            mi, out = rng.choice(len(c.train.y), n, replace=False), rng.choice(half, n, replace=False)
+            x = torch.cat([c.train.x[mi], d.val.x[out]])
+            y = torch.cat([c.train.y[mi], d.val.y[out]])
             lab = np.r_[np.ones(n), np.zeros(n)]
             p = rng.permutation(2 * n)
             # ids are positions in the pool: global image ids would reveal the train/val split (membership)

@@ -126,3 +126,22 @@ def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
     from fdg_audit.metrics import auc
     pooled = [r for r in loss if r["victim"] == "pooled"][0]
     assert abs(auc(z["score"], z["member"]) - float(pooled["value"])) < 1e-9
+
+
+def test_candidates_of_small_clients_pair_members_with_domain_non_members():
+    """With many clients per domain a client's own val share may hold no image; its non-members then come from
+    the domain's held-back val half, which no client trained on, and every client still gets a balanced pool."""
+    from fdg_audit.attack import build_aux
+    from fdg_audit.data import DataConfig, load_data
+    data = load_data(DataConfig(per_domain=60, clients_per_domain=8, domains=["rot0", "rot15", "rot30"]))
+    aux, members = build_aux({"data": data, "target": "rot30"}, ("candidates",), seed=0)
+    clients = [c for d in ("rot0", "rot15") for c in data.clients(d)]
+    assert sorted(aux.candidates) == sorted(c.name for c in clients if len(c.train.y))
+    for c in clients:
+        m, cand = members[c.name], aux.candidates[c.name]
+        assert m.sum() == len(m) - m.sum() == min(len(c.train.y), len(data.domain(c.name.split("/")[0]).val.y) // 2)
+        assert m.sum() > 0
+        # members are the client's own images (as pixels), non-members no client's
+        own = {x.numpy().tobytes() for x in c.train.x}
+        for x, is_in in zip(cand.x, m):
+            assert (x.numpy().tobytes() in own) == bool(is_in)
