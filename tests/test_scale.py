@@ -287,3 +287,41 @@ def test_encode_brings_device_tensors_to_the_host_in_one_copy(monkeypatch):
     assert bus.encode(arrays, {"s": 1}) == want
     assert {k: v.dtype for k, v in bus._to_host(arrays).items() if k != "n"} == \
         {"w": np.float32, "b": np.uint8, "d": np.float64, "i": np.int64}
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)   # the attack's control fits generators; pinned threads keep it reproducible
+    yield
+    torch.set_num_threads(n)
+
+
+def test_generator_leakage_with_several_clients_per_domain(run_toml, one_thread):
+    import csv
+    root = run_toml("""
+        name = "adg_many"
+        report = false
+        [data]
+        dataset = "digits"
+        domains = ["rot0", "rot15", "rot30", "rot45"]
+        targets = ["rot0"]
+        clients_per_domain = 2
+        [train]
+        rounds = 2
+        lr = 0.05
+        [[methods]]
+        name = "fedadg"
+        [[attacks]]
+        name = "generator_leakage"
+        decoder_steps = 300
+        max_victims = 4
+    """)
+    rows = list(csv.DictReader(open(root / "leakage.csv")))
+    dom = [r for r in rows if r["metric"] == "domain_balanced_acc"]
+    victims = {r["victim"] for r in dom}
+    # a domain guess per client, scored against the client's domain (chance: 1 of the 3 source domains)
+    assert len(victims) == 4 and victims <= {f"rot{a}/{k}" for a in (15, 30, 45) for k in range(2)}, victims
+    assert all(float(r["baseline"]) == pytest.approx(1 / 3) and 0 <= float(r["value"]) <= 1 for r in dom)
+    assert {r["victim"] for r in rows if r["metric"] == "psnr"} == victims
+    assert all(r["status"] == "ok" for r in rows)
