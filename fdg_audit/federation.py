@@ -451,9 +451,11 @@ def check_participation(method, fraction: float, where: str = "participation") -
     if not 0.0 < fraction <= 1.0:
         raise UserError(f"{where} = {fraction}: use a fraction in (0, 1], e.g. 0.1")
     if fraction < 1.0 and not getattr(method, "partial_participation", False):
+        from .plugins import available, load_method
         why = getattr(method, "participation_note", "its server expects every client each round")
+        ok = [n for n in sorted(available("method")) if getattr(load_method(n), "partial_participation", False)]
         raise UserError(f"method {method.name} does not support participation < 1 ({why}): set {where} = 1.0, or "
-                        "use fedavg, fedsr, feddg, ccst, fpl, fedadg or csac")
+                        f"use a method that does ({', '.join(ok)})")
 
 
 def cohort_on(params) -> bool:
