@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped
+from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped, sample_victims
 from fdg_audit.errors import UserError
 
 KIND = "amplitude_bank"
@@ -66,7 +66,7 @@ def bank_entries(view, max_victims: int = 0) -> list[tuple[str, int, torch.Tenso
                 if name == "amp" and victim and victim != view.me:
                     found.setdefault(victim, (m.round, v))
     out = [(v, r, a) for v, (r, a) in sorted(found.items())]
-    return out[:max_victims] if max_victims else out
+    return sample_victims(view, out, max_victims, key=lambda e: e[0])
 
 
 def amplitude(x: torch.Tensor, like: tuple | None = None) -> torch.Tensor:

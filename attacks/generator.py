@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate
+from fdg_audit.attack import Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate, sample_victims
 from fdg_audit.data import Split
 from fdg_audit.errors import UserError
 from fdg_audit.plugins import load_method
@@ -205,7 +205,7 @@ class GeneratorLeakage(Attack):
 
     def run(self, view, aux):
         victims = [c for c in view.clients if view.messages(kind="generator", sender=c)]
-        victims = victims[:self.p.max_victims] if self.p.max_victims else victims
+        victims = sample_victims(view, victims, self.p.max_victims)
         outs = []
         for v, preds in self.domain_inference(view, aux, victims).items():
             if preds:

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction, Skipped
+from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction, Skipped, sample_victims
 from fdg_audit.errors import UserError
 
 
@@ -346,7 +346,7 @@ class UpdateInversion(Attack):
         rounds = [self.p.rounds] if isinstance(self.p.rounds, int) else list(self.p.rounds)
         outs = []
         if self.p.adversary_view == "server":
-            victims = view.clients[:self.p.max_victims or None]
+            victims = sample_victims(view, view.clients, self.p.max_victims)
             for v in victims:
                 n = view.messages(kind="n_samples", sender=v)
                 n, how = (int(n[0].payload["n"]), "") if n else (None, "")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Skipped
+from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Skipped, sample_victims
 
 from .stats import augmentation_factor, estimate_size, weight_rounds, weights_pair
 
@@ -88,7 +88,7 @@ class LabelDistribution(Attack):
         p = view.params
         gen = torch.Generator().manual_seed(self.p.seed)
         outs = []
-        for victim in view.clients[:self.p.max_victims or None]:
+        for victim in sample_victims(view, view.clients, self.p.max_victims):
             for rnd in weight_rounds(view, victim, self.p.round):
                 if p.get("optimizer", "sgd") != "sgd":
                     outs.append(Skipped(victim, "weights", rnd, "the bias update of Adam is not linear in the labels"))

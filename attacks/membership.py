@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Aux, Control, Scores, Skipped, federate
+from fdg_audit.attack import Attack, AttackParams, Aux, Control, Scores, Skipped, federate, sample_victims
 from fdg_audit.data import Split
 from fdg_audit.errors import UserError
 
@@ -281,7 +281,7 @@ class _Membership(Attack):
 
     def victims(self, view, aux) -> list[str]:
         vs = [c for c in view.clients if c in aux.candidates]
-        return vs[:self.p.max_victims] if self.p.max_victims else vs
+        return sample_victims(view, vs, self.p.max_victims)
 
     def run(self, view, aux):
         outs, ready = [], []

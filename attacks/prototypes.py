@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction
+from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction, sample_victims
 from fdg_audit.models import Net
 
 from .style import total_variation
@@ -48,7 +48,7 @@ def prototype_uploads(view, rnd: int = -1, max_victims: int = 0) -> list[tuple[s
     for m in msgs:
         by_victim.setdefault(m.sender, []).append(m)
     out = []
-    for v in sorted(by_victim)[:max_victims or None]:
+    for v in sample_victims(view, sorted(by_victim), max_victims):
         ms = sorted(by_victim[v], key=lambda m: m.round)
         ms = ms[-1:] if rnd == -1 else ms if rnd == 0 else [m for m in ms if m.round == rnd]
         for m in ms:

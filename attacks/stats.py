@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped
+from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped, sample_victims
 from fdg_audit.federation import TrainParams, make_optimizer
 
 STAT_KEYS = ("running_mean", "running_var")
@@ -109,7 +109,7 @@ class NormStatsDomain(Attack):
         gen = torch.Generator().manual_seed(self.p.seed)
         samples = [aux.domain_samples[d].x.to(self.device) for d in aux.domains]
         outs = []
-        for victim in view.clients[:self.p.max_victims or None]:
+        for victim in sample_victims(view, view.clients, self.p.max_victims):
             for rnd in weight_rounds(view, victim, self.p.round):
                 down, up = weights_pair(view, victim, rnd)
                 glob, mine = bn_vector(down), bn_vector(up)
@@ -232,7 +232,7 @@ class DatasetSize(Attack):
     def run(self, view, aux):
         gen = torch.Generator().manual_seed(self.p.seed)
         outs = []
-        for victim in view.clients[:self.p.max_victims or None]:
+        for victim in sample_victims(view, view.clients, self.p.max_victims):
             rnds = weight_rounds(view, victim, self.p.round) or [0]
             n, how = estimate_size(view, victim, rnds[0], aux.public, self.p.max_steps, gen)
             if n is None:

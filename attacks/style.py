@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores
+from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, sample_victims
 from fdg_audit.plugins import load_method
 
 KIND = "style_bank"
@@ -72,7 +72,7 @@ def style_entries(view, max_victims: int = 0) -> list[tuple[str, int, torch.Tens
                 if name == "mean" and victim and victim != view.me:
                     found.setdefault(victim, (m.round, a[k], a[f"{victim}/std"]))
     out = [(v, r, mu.float(), sd.float()) for v, (r, mu, sd) in sorted(found.items())]
-    return out[:max_victims] if max_victims else out
+    return sample_victims(view, out, max_victims, key=lambda e: e[0])
 
 
 def style_vector(mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

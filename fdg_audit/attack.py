@@ -52,6 +52,20 @@ class AttackParams:
     targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
 
 
+def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list:
+    """At most ``max_victims`` of ``items`` (victim names, or tuples whose ``key`` is the victim), in their order:
+    all when ``max_victims`` is 0 or not exceeded, else the victims with the lowest priorities drawn from a RNG seeded
+    by the run id (which holds the run's seed) and the victim's name, so every attack on a run samples the same
+    victims among those it can see, and many clients are not cut down to the first few by name."""
+    names = list(dict.fromkeys(key(i) for i in items))
+    if not max_victims or len(names) <= max_victims:
+        return list(items)
+    run = zlib.crc32(view.run_id.encode())
+    prio = {v: np.random.default_rng([run, zlib.crc32(v.encode()), 0x5643]).random() for v in names}
+    chosen = set(sorted(names, key=lambda v: (prio[v], v))[:max_victims])
+    return [i for i in items if key(i) in chosen]
+
+
 # ------------------------------------------------------------------------------------------- outputs
 
 @dataclass

@@ -445,6 +445,19 @@ def participants(seq: np.random.SeedSequence, clients: list[str], fraction: floa
     return [clients[i] for i in np.sort(rng.choice(len(clients), m, replace=False))]
 
 
+def check_participation(method, fraction: float, where: str = "participation") -> None:
+    """``participation`` in (0, 1], and < 1 only for a method that declares ``partial_participation`` (else its
+    ``participation_note`` says why not)."""
+    if not 0.0 < fraction <= 1.0:
+        raise UserError(f"{where} = {fraction}: use a fraction in (0, 1], e.g. 0.1")
+    if fraction < 1.0 and not getattr(method, "partial_participation", False):
+        from .plugins import available, load_method
+        why = getattr(method, "participation_note", "its server expects every client each round")
+        ok = [n for n in sorted(available("method")) if getattr(load_method(n), "partial_participation", False)]
+        raise UserError(f"method {method.name} does not support participation < 1 ({why}): set {where} = 1.0, or "
+                        f"use a method that does ({', '.join(ok)})")
+
+
 def cohort_on(params) -> bool:
     mode = getattr(params, "cohort", "loop")
     if mode not in ("loop", "vmap", "auto"):
@@ -478,11 +491,7 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     parts = [c for d in sources for c in data.clients(d.name)]
     cids = [c.name for c in parts]
     fraction, cohort = float(getattr(spec.params, "participation", 1.0)), cohort_on(spec.params)
-    if not 0.0 < fraction <= 1.0:
-        raise UserError(f"participation = {fraction}: use a fraction in (0, 1], e.g. 0.1")
-    if fraction < 1.0 and not getattr(method, "partial_participation", False):
-        raise UserError(f"method {method.name} does not support participation < 1 (its server expects every client "
-                        f"each round): set participation = 1.0 or use fedavg")
+    check_participation(method, fraction)
     if spec.engine in ("process", "ray"):
         import os
         blocks = assign(cids, spec.workers or os.cpu_count() or 1)

@@ -9,6 +9,10 @@ run (a hash chain per run), and ``summary.json`` records each finished run's las
 ``Ledger.verify`` finds a deleted, reordered, edited or foreign line and names the run and the line; a payload
 that is missing or edited is found when it is read. Each line is appended with one ``write`` call; a torn last
 line (a kill mid-write) is dropped on reading and reported as an interrupted run (``Ledger.torn``).
+
+Memory: a ledger that writes a run folder keeps no envelope in memory (only a line count and each run's chain
+head), so the driver does not grow with rounds; ``envelopes`` / ``stream()`` read them back from ``messages.jsonl``.
+A ledger re-opened with ``Ledger.open`` (attacks, reports) and ``MemoryLedger`` (shadow runs) hold them in a list.
 """
 from __future__ import annotations
 
@@ -112,11 +116,34 @@ class Ledger:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.store, self.rounds = store, list(rounds)
-        self.envelopes: list[Envelope] = []
-        self.lines: list[tuple[int, str]] = []       # (line number, line sha256) of each envelope
+        self._envs: list[Envelope] | None = None     # None: envelopes live in messages.jsonl only (streamed)
+        self.lines: list[tuple[int, str]] = []       # (line number, line sha256) of each envelope (opened ledgers)
+        self.count = 0                                # lines in messages.jsonl
         self.heads: dict[str, str] = {}               # run -> sha256 of its last line
         self.torn = 0                                 # line number of a torn (dropped) last line, 0 = none
         self._fd = None
+
+    @property
+    def envelopes(self) -> list[Envelope]:
+        """Every envelope: the opened ledger's list, or (a writing ledger) read back from messages.jsonl."""
+        return self._envs if self._envs is not None else list(self.stream())
+
+    @envelopes.setter
+    def envelopes(self, envs: list[Envelope]) -> None:
+        self._envs = envs
+
+    def stream(self):
+        """The envelopes one at a time, read from messages.jsonl (or the in-memory list of an opened ledger)."""
+        if self._envs is not None:
+            yield from self._envs
+            return
+        f = self.root / "messages.jsonl"
+        if not f.exists():
+            return
+        with open(f, "rb") as fh:
+            for n, line in enumerate(fh, 1):
+                if line.endswith(b"\n") and line.strip():
+                    yield parse_envelope(line, f"{self.root.name}/messages.jsonl line {n}")
 
     def _keep(self, env: Envelope) -> bool:
         kind_ok = self.store == "all" or (isinstance(self.store, list) and env.kind in self.store)
@@ -138,8 +165,7 @@ class Ledger:
             self._fd = os.open(self.root / "messages.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(self._fd, (line + "\n").encode())      # one write: a kill leaves at most a torn last line
         self.heads[env.run] = line_hash(line)
-        self.lines.append((len(self.lines) + 1, self.heads[env.run]))
-        self.envelopes.append(env)
+        self.count += 1
 
     def close(self) -> None:
         if self._fd is not None:
@@ -155,7 +181,7 @@ class Ledger:
         if not f.exists():
             raise UserError(f"{f} not found: pass a finished run folder (runs/<scenario>/<timestamp>)")
         led = cls.__new__(cls)
-        led.root, led.store, led.rounds, led._fd = run_dir, "all", [], None
+        led.root, led.store, led.rounds, led._fd, led.count = run_dir, "all", [], None, 0
         led.envelopes, led.lines, led.heads, led.torn = [], [], {}, 0
         raw = f.read_bytes().split(b"\n")
         if raw[-1]:
@@ -164,6 +190,7 @@ class Ledger:
             if not line.strip():
                 continue
             env = parse_envelope(line, f"{run_dir.name}/messages.jsonl line {n}")
+            led.count += 1
             if keep is None or env.run in keep:
                 led.envelopes.append(env)
                 led.lines.append((n, line_hash(line)))
@@ -212,7 +239,7 @@ class Ledger:
         def ok(e):
             return all(getattr(e, k) in v if isinstance(v, (list, tuple, set)) else getattr(e, k) == v
                        for k, v in match.items())
-        return [e for e in self.envelopes if ok(e)]
+        return [e for e in self.stream() if ok(e)]
 
 
 def open_verified(root: Path, summary: dict | None = None) -> Ledger:
@@ -270,7 +297,7 @@ class MemoryLedger(Ledger):
     (reference/shadow runs), whose records never belong in a run folder."""
 
     def __init__(self):
-        self.root, self.store, self.envelopes, self._fd, self._blobs = None, "all", [], None, {}
+        self.root, self.store, self.envelopes, self._fd, self._blobs, self.count = None, "all", [], None, {}, 0
 
     def append(self, env: Envelope, data: bytes) -> None:
         self._blobs.setdefault(env.sha256, data)

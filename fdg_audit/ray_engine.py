@@ -12,12 +12,36 @@ environment variables in brackets):
   GPU so four actors share one device); defaults 1 CPU and 0 GPU.
 
 ``RunSpec.workers`` sets the number of actors (0: one per CPU of the local machine, at most one per client).
+In a scenario: ``engine = "ray"``, ``workers = 4``, ``worker_threads = 1`` and a ``[ray]`` table with the keys
+of ``RayOptions`` (checked by ``ray_options``).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
 
 from .errors import UserError
+from .params import typed
+
+
+@dataclass
+class RayOptions:
+    address: str = ""        # "" = start a local Ray; "auto" or "ray://host:10001" = an existing cluster
+    num_cpus: float = 1.0    # CPUs reserved per actor (a worker hosting a block of clients)
+    num_gpus: float = 0.0    # GPUs per actor; a fraction shares one device between actors
+
+
+def ray_options(raw: dict, where: str = "ray") -> dict:
+    """A scenario's ``[ray]`` table checked (unknown keys, types, negative amounts: one-line errors); only the keys
+    given are returned, so the environment variables above still fill the others."""
+    o = typed(RayOptions, raw, where)
+    for k in ("num_cpus", "num_gpus"):
+        if getattr(o, k) < 0:
+            raise UserError(f"{where}.{k} = {getattr(o, k)!r}: use a number >= 0 (a fraction shares a CPU or GPU "
+                            "between actors)")
+    if "num_cpus" in raw and "num_gpus" in raw and o.num_cpus == 0 and o.num_gpus == 0:
+        raise UserError(f"{where}: num_cpus = 0 and num_gpus = 0 reserve nothing per actor; give num_cpus > 0")
+    return {k: v for k, v in asdict(o).items() if k in raw}
 
 RAY_MISSING = "engine = \"ray\" needs Ray: pip install 'fdg_audit[ray]' (after torch), or use engine = \"local\""
 

@@ -133,10 +133,9 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "resumed_with": sorted(done)}, indent=1))
     ledger = Ledger(root, store=sc0.store, rounds=sc0.store_rounds)
-    for e, ln in keep:
-        ledger.envelopes.append(e)
-        ledger.lines.append(ln)
+    for e, ln in keep:   # messages.jsonl now holds exactly these lines; the ledger appends after them
         ledger.heads[e.run] = ln[1]
+    ledger.count = len(keep)
     sink = truth_writer(root)
     infos = dict(done)
     summary = {"scenario": sc0.name, "runs": []}
@@ -152,7 +151,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             _write_csv(root / "metrics.csv", [row for x in runs for row in rows_by.get(x["run_id"], [])])
             atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
             if any(x["privacy"] for x in runs):
-                atomic_write(root / "privacy.csv", privacy_csv(ledger.envelopes))
+                atomic_write(root / "privacy.csv", privacy_csv(ledger.stream()))
     except KeyboardInterrupt:
         ledger.close()
         n = sum(s["status"] == "ok" for s in infos.values())
@@ -160,7 +159,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
                         f"finished in {root}; resume with: {again}") from None
     ledger.close()
     summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
-    summary["bytes"] = bytes_table(ledger.envelopes)
+    summary["bytes"] = bytes_table(ledger.stream())
     atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
     try:
         if attack_cfgs:
@@ -192,7 +191,8 @@ def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, q
 def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:
     sc = r["sc"]
     spec = RunSpec(r["run_id"], r["method"].name, r["params"], r["ds"], sc.model, r["target"], r["seed"],
-                   resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(), privacy=r["privacy"])
+                   resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(), privacy=r["privacy"],
+                   workers=sc.workers, worker_threads=sc.worker_threads, ray=sc.ray)
     info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
                 target=r["target"], seed=r["seed"], sweep=r["sweep"], params=asdict(r["params"]),
                 plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {},

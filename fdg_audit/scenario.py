@@ -51,6 +51,9 @@ class Scenario:
     device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
     engine: str = "local"         # local | process (worker processes) | ray (Ray actors); same ledger
     threads: int = 0              # torch threads; 0 = leave torch's default
+    workers: int = 0              # process/ray: workers (processes or Ray actors) hosting the clients; 0 = one per CPU
+    worker_threads: int = 1       # process/ray: torch threads per worker
+    ray: dict = field(default_factory=dict)   # engine = "ray": address, num_cpus, num_gpus per actor (ray_engine.py)
     out: str = "runs"
     store: Any = "all"            # payload bytes kept: "all" | "none" | list of artifact kinds
     store_rounds: list = field(default_factory=list)   # keep payloads of these rounds only ([] = every round)
@@ -152,6 +155,7 @@ def parse(raw: dict) -> Scenario:
     sc.attacks = expand_attacks(_entries(AttackEntry, _attack_list(raw.get("attacks") or []), "attacks"))
     if sc.engine not in ("local", "process", "ray"):
         raise UserError(f"engine = {sc.engine!r}: choose \"local\", \"process\" or \"ray\" (pip install 'fdg_audit[ray]')")
+    check_engine(sc)
     if not isinstance(sc.seeds, list) or not sc.seeds or \
             not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.seeds):
         raise UserError(f"seeds = {sc.seeds!r}: give a non-empty list of integers, e.g. seeds = [0, 1, 2]")
@@ -165,6 +169,18 @@ def parse(raw: dict) -> Scenario:
             raise UserError(f"datasets[{i}].targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
                             f"names, e.g. targets = {hint}".replace("'", '"'))
     return sc
+
+
+def check_engine(sc: Scenario) -> None:
+    """``workers``, ``worker_threads`` and the ``[ray]`` table: one-line errors before anything runs."""
+    from .ray_engine import ray_options
+    if sc.workers < 0:
+        raise UserError(f"workers = {sc.workers}: use 0 (one worker per CPU) or a positive number of workers")
+    if sc.worker_threads < 1:
+        raise UserError(f"worker_threads = {sc.worker_threads}: use an integer >= 1 (torch threads per worker)")
+    if sc.threads < 0:
+        raise UserError(f"threads = {sc.threads}: use 0 (torch's default) or a positive number of threads")
+    sc.ray = ray_options(sc.ray)
 
 
 def _attack_list(att) -> list:
@@ -217,6 +233,8 @@ def method_params(method, entry: MethodEntry, train: dict):
                         "set local_epochs >= 1, or local_steps >= 1 (steps replace epochs)")
     if p.lr <= 0:
         raise UserError(f"{where}.lr = {p.lr!r}: use a learning rate > 0")
+    from .federation import check_participation
+    check_participation(method, p.participation, f"{where}.participation")
     return p
 
 

@@ -414,6 +414,7 @@ class CCST:
     Params = Params
     Server = CCSTServer
     Client = CCSTClient
+    partial_participation = True   # the style bank is shared once (round 0, every client); the rounds are FedAvg's
     kinds = ("encoder", "style_bank", "weights")     # encoder: once, down, with the learned encoder only
     # the public protocol pieces (Kerckhoffs) attacks reach through ``view.protocol``
     build_encoder = staticmethod(build_encoder)

@@ -245,3 +245,5 @@ class COPA:
     Server = COPAServer
     Client = COPAClient
     kinds = ("weights", "head")
+    participation_note = ("every round each client trains against the ensemble of all clients' heads and the server "
+                          "replaces every head; a sampled round would leave stale heads the paper does not define")

@@ -106,7 +106,7 @@ class CSACServer(Server):
         self.fuse(replies)
 
     def fuse(self, replies):
-        load_arrays(self.model, fuse([replies[c].arrays for c in self.clients]))
+        load_arrays(self.model, fuse([replies[c].arrays for c in replies]))   # the round's participants
 
     def step(self, t):
         self.fuse(self.broadcast("calibrate", "weights", state_arrays(self.model)))
@@ -206,3 +206,4 @@ class CSAC:
     Server = CSACServer
     Client = CSACClient
     kinds = ("weights",)
+    partial_participation = True   # a sampled round fuses its sample's models (the fusion takes any set of models)

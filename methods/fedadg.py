@@ -221,6 +221,7 @@ class FedADG:
     Params = Params
     Server = FedADGServer
     Client = FedADGClient
+    partial_participation = True   # a sampled round averages its sample's F∘C and G uniformly (as it does all clients)
     kinds = ("weights", "generator", "metric")
     # the public protocol pieces (Kerckhoffs) attacks reach through ``view.protocol``
     Generator = Generator

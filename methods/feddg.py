@@ -237,4 +237,5 @@ class FedDG:
     Params = Params
     Server = FedDGServer
     Client = FedDGClient
+    partial_participation = True   # banks are exchanged once (round 0, every client); the rounds are FedAvg's
     kinds = ("n_samples", "amplitude_bank", "weights")

@@ -150,4 +150,6 @@ class FedGA:
     Params = Params
     Server = FedGAServer
     Client = FedGAClient
+    participation_note = ("its generalization adjustment re-weights every client from all clients' generalization "
+                          "gaps each round; an unsampled client has no gap that round")
     kinds = ("n_samples", "weights", "metric")   # n_samples only with weighting = "n_samples"

@@ -144,4 +144,5 @@ class FedSR:
     Params = Params
     Server = FedSRServer
     Client = FedSRClient
+    partial_participation = True   # FedAvg's server: a sampled round averages its sample (FedAvg's rule)
     kinds = ("n_samples", "weights")   # n_samples only with weighting = "n_samples"

@@ -156,8 +156,8 @@ class FPLServer(FedAvgServer):
             self.broadcast("global_protos", "prototypes", {"proto": self.protos[0], "classes": self.protos[1]})
         replies = self.broadcast("train", "weights", state_arrays(self.model))
         local = self.ask("local_protos")
-        self.protos = cluster_prototypes([local[c]["proto"] for c in self.clients],
-                                         [local[c]["classes"] for c in self.clients])
+        self.protos = cluster_prototypes([local[c]["proto"] for c in local],   # the round's participants
+                                         [local[c]["classes"] for c in local])
         load_arrays(self.model, self.aggregate(replies))
 
 
@@ -169,4 +169,5 @@ class FPL:
     Params = Params
     Server = FPLServer
     Client = FPLClient
+    partial_participation = True   # a sampled round clusters the prototypes of its sample and averages its models
     kinds = ("n_samples", "weights", "prototypes")

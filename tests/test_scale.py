@@ -167,14 +167,115 @@ def test_attacks_score_many_client_victims(run_toml):
         [[attacks]]
         name = "mia_loss"
         [[attacks]]
+        name = "mia_loss"
+        label = "mia_loss4"
+        max_victims = 4
+        [[attacks]]
         name = "label_distribution"
+        max_victims = 4
     """)
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     clients = {f"rot{a}/{k}" for a in (15, 30) for k in range(3)}
     loss = [r for r in rows if r["attack"] == "mia_loss" and r["metric"] == "auc"]
     assert {r["victim"] for r in loss} == clients | {"pooled"} and all(r["status"] == "ok" for r in loss)
+    # max_victims: a seeded sample of the clients, the same one for every attack on the run, pooled as well
+    four = {r["victim"] for r in rows if r["attack"] == "mia_loss4" and r["metric"] == "auc"}
     labels = {r["victim"] for r in rows if r["attack"] == "label_distribution" and r["status"] == "ok"}
-    assert clients <= labels, labels
+    assert len(four - {"pooled"}) == 4 and "pooled" in four and four - {"pooled"} == labels <= clients, (four, labels)
+
+
+def test_max_victims_samples_with_the_run_seed():
+    from types import SimpleNamespace
+    from fdg_audit.attack import sample_victims
+    names = [f"d{d}/{k}" for d in range(5) for k in range(20)]
+    view = SimpleNamespace(run_id="ds/fedavg/rot0/s0")
+    ten = sample_victims(view, names, 10)
+    assert len(ten) == 10 and ten != names[:10] and ten == [n for n in names if n in ten]   # not the first, in order
+    assert len({n.split("/")[0] for n in ten}) > 1
+    assert sample_victims(view, names, 10) == ten                                          # seeded
+    assert sample_victims(SimpleNamespace(run_id="ds/fedavg/rot0/s1"), names, 10) != ten  # another seed, another set
+    assert set(sample_victims(view, names, 5)) <= set(ten)                     # every attack samples the same victims
+    assert set(sample_victims(view, names[::-1], 10)) == set(ten)
+    entries = [(n, r) for n in names for r in (1, 2)]                          # tuples keyed by victim, all kept
+    assert sample_victims(view, entries, 10, key=lambda e: e[0]) == [e for e in entries if e[0] in ten]
+    assert sample_victims(view, names, 0) == names and sample_victims(view, names[:3], 10) == names[:3]
+
+
+def test_participation_of_other_methods(data):
+    fpl = fed.RunSpec("t/fpl/rot0/s0", "fpl", load_method("fpl").Params(rounds=2, lr=0.05, batch_size=8, local_steps=1,
+                                                                      participation=0.4),
+                      DataConfig(per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")
+    led = MemoryLedger()
+    fed.run_federation(fpl, led, data)
+    for t in (1, 2):
+        up = {e.sender for e in led.envelopes if e.round == t and e.kind == "prototypes" and e.sender != "server"}
+        asked = {e.receiver for e in led.envelopes if e.round == t and e.kind == "weights" and e.sender == "server"}
+        assert len(asked) == 6 and up == asked
+    for name, why in (("fedga", "generalization gaps"), ("copa", "heads")):
+        m = load_method(name)
+        with pytest.raises(UserError, match=f"{name} does not support participation < 1 .*{why}"):
+            fed.check_participation(m, 0.5)
+    for name in ("fedavg", "fedsr", "feddg", "ccst", "fpl", "fedadg", "csac"):
+        fed.check_participation(load_method(name), 0.5)
+
+
+def test_engine_settings_from_the_scenario(run_toml, monkeypatch):
+    import fdg_audit.runner as runner
+    seen = []
+
+    def fake(spec, *a, **k):
+        seen.append(spec)
+        raise UserError("stop here")
+    monkeypatch.setattr(runner, "run_federation", fake)
+    text = """
+        engine = "ray"
+        workers = 3
+        worker_threads = 2
+        [ray]
+        address = "auto"
+        num_gpus = 0.25
+        [data]
+        dataset = "digits"
+        per_domain = 30
+        targets = ["rot0"]
+        [train]
+        rounds = 1
+    """
+    with pytest.raises(UserError, match="stop here"):
+        run_toml(text)
+    assert (seen[0].engine, seen[0].workers, seen[0].worker_threads) == ("ray", 3, 2)
+    assert seen[0].ray == {"address": "auto", "num_gpus": 0.25}
+    fedga = text + """
+        [[methods]]
+        name = "fedga"
+    """
+    for t, bad, msg in ((text, "workers=-1", "workers = -1: use 0"), (text, "worker_threads=0", "worker_threads = 0"),
+                        (text, "ray.num_cpus=-2", "ray.num_cpus = -2.0: use a number >= 0"),
+                        (text, "ray.cpus=1", "unknown key ray.cpus: allowed keys are address, num_cpus, num_gpus"),
+                        (text, "ray.address=3", "ray.address = 3 has the wrong type"),
+                        (text, "train.participation=0", "participation = 0.0: use a fraction"),
+                        (fedga, "train.participation=0.5", "fedga does not support participation < 1 .*gaps")):
+        with pytest.raises(UserError, match=msg) as e:
+            run_toml(t, bad)
+        assert "\n" not in str(e.value)
+    assert len(seen) == 1   # every bad setting refused before any run started
+
+
+def test_ledger_streams_envelopes_to_disk(tmp_path, data):
+    from fdg_audit.ledger import Ledger
+    led = Ledger(tmp_path)
+    spec = fed.RunSpec("t/fedavg/rot0/s0", "fedavg", Params(rounds=2, lr=0.05, batch_size=8, local_steps=1),
+                       DataConfig(per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")
+    fed.run_federation(spec, led, data)
+    led.close()
+    assert led._envs is None and not led.lines          # nothing per envelope kept in memory
+    envs = list(led.stream())
+    assert len(envs) == led.count == len((tmp_path / "messages.jsonl").read_bytes().splitlines()) > 40
+    assert [e.sha256 for e in led.envelopes] == [e.sha256 for e in envs] == \
+        [e.sha256 for e in Ledger.open(tmp_path).envelopes]
+    assert led.select(round=1, kind="weights", receiver="server") == [e for e in envs if (e.round, e.kind, e.receiver)
+                                                                      == (1, "weights", "server")]
+    assert led.payload(envs[-1]).arrays   # payloads read back from payloads/
 
 
 def test_encode_brings_device_tensors_to_the_host_in_one_copy(monkeypatch):
@@ -186,3 +287,28 @@ def test_encode_brings_device_tensors_to_the_host_in_one_copy(monkeypatch):
     assert bus.encode(arrays, {"s": 1}) == want
     assert {k: v.dtype for k, v in bus._to_host(arrays).items() if k != "n"} == \
         {"w": np.float32, "b": np.uint8, "d": np.float64, "i": np.int64}
+
+
+def test_generator_leakage_with_several_clients_per_domain(run_toml):
+    import csv
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the attack's control fits generators; pinned threads keep it reproducible
+    try:
+        root = run_toml("""
+            name = "adg_many"
+            report = false
+            attacks = [{name = "generator_leakage", decoder_steps = 300, max_victims = 4}]
+            methods = [{name = "fedadg"}]
+            train = {rounds = 2, lr = 0.05}
+            data = {dataset = "digits", clients_per_domain = 2, domains = ["rot0", "rot15", "rot30", "rot45"]}
+        """, 'data.targets=["rot0"]')
+    finally:
+        torch.set_num_threads(threads)
+    rows = list(csv.DictReader(open(root / "leakage.csv")))
+    dom = [r for r in rows if r["metric"] == "domain_balanced_acc"]
+    victims = {r["victim"] for r in dom}
+    # a domain guess per client, scored against the client's domain (chance: 1 of the 3 source domains)
+    assert len(victims) == 4 and victims <= {f"rot{a}/{k}" for a in (15, 30, 45) for k in range(2)}, victims
+    assert all(float(r["baseline"]) == pytest.approx(1 / 3) and 0 <= float(r["value"]) <= 1 for r in dom)
+    assert {r["victim"] for r in rows if r["metric"] == "psnr"} == victims
+    assert all(r["status"] == "ok" for r in rows)
