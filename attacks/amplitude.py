@@ -148,6 +148,48 @@ def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background:
     return g, res.min(0).values
 
 
+def render_fit(amp: torch.Tensor, angles: torch.Tensor, restarts: int, keep: int, steps: list,
+               gen: torch.Generator) -> torch.Tensor:
+    """Phase retrieval through the rotated digits' public recipe: find z in [0, 1]^(8x8) whose rendering
+    x = rotate(place(z), angle) (fdg_audit/data/digits.py) has |FFT2(x)| closest to ``amp`` (N, H, W), by projected
+    Adam on ||FFT2(x)| - A|^2 / |A|^2. Stage 1 runs ``restarts`` random latents per image at a constant step,
+    stage 2 continues the ``keep`` best of them with a cosine step; returns the best rendering (N, 1, H, W).
+    64 unknowns against H x W / 2 measurements: the fit is overdetermined, and a zero residual is the image
+    (or its point reflection, which has the same amplitude)."""
+    from fdg_audit.data.digits import place, rotate
+    N, dev = len(amp), amp.device
+
+    def residual(z, A, ang):
+        x = rotate(place(z), ang)
+        return ((torch.fft.fft2(x[:, 0]).abs() - A) ** 2).sum((-2, -1)) / (A ** 2).sum((-2, -1)).clamp_min(1e-12), x
+
+    def descend(z, reps, n, cosine):
+        A, ang = amp.repeat(reps, 1, 1), angles.repeat(reps)
+        z = z.clone().requires_grad_()
+        opt = torch.optim.Adam([z], lr=0.05)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, n)) if cosine else None
+        for _ in range(n):
+            loss = residual(z, A, ang)[0].sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sched:
+                sched.step()
+            with torch.no_grad():
+                z.clamp_(0, 1)
+        with torch.no_grad():
+            res, x = residual(z, A, ang)
+        return z.detach(), res.view(reps, N), x
+
+    z = torch.rand(restarts * N, 1, 8, 8, generator=gen).to(dev, amp.dtype)
+    z, res, _ = descend(z, restarts, steps[0], False)
+    k = min(keep, restarts)
+    top = res.topk(k, 0, largest=False).indices                               # (k, N)
+    z = z.view(restarts, N, 1, 8, 8)[top, torch.arange(N, device=dev)].reshape(k * N, 1, 8, 8)
+    _, res, x = descend(z, k, steps[1], True)
+    return x.view(k, N, *x.shape[1:])[res.argmin(0), torch.arange(N, device=dev)]
+
+
 def register_channels(x: torch.Tensor) -> torch.Tensor:
     """Move each channel by the circular shift / point inversion (and contrast sign) that best matches channel 0."""
     N, C, H, W = x.shape
@@ -178,7 +220,7 @@ def estimate_support(x: torch.Tensor, frac: float = 0.02, thresh: float = 0.25, 
 @dataclass
 class PRParams(AttackParams):
     adversary_view: str = "client"    # client (curious client, reads its relay) | server | eavesdropper (uploads)
-    variants: list = field(default_factory=lambda: ["box", "support", "support_domain", "support_frame"])
+    variants: list = field(default_factory=lambda: ["box", "support", "support_domain", "support_frame", "render"])
     hio: int = 1000                   # HIO iterations (beta below), then ER iterations (attacks.md budget)
     er: int = 200
     restarts: int = 8                 # random starts per image-channel (attacks.md)
@@ -190,13 +232,20 @@ class PRParams(AttackParams):
     frame_px: int = 4                 # "support_frame": a known background border of this width
     background: str = "constant"      # outside the support: "zero" or an unknown constant per channel
     control_n: int = 8                # images in the padded positive control
+    render_restarts: int = 32         # "render": random latents per image, of which the best ...
+    render_keep: int = 4              # ... keep (lowest residual after the first stage) for the second
+    render_steps: list = field(default_factory=lambda: [300, 700])   # Adam steps of the two stages
     seed: int = 0
+
+
+VARIANTS = ("box", "support", "support_domain", "support_frame", "render")
 
 
 class PhaseRetrieval(Attack):
     """Variants: "box" (no support), "support" (mask estimated from aux.public, the held-out domain),
     "support_domain" (estimated from aux.domain_samples of the victim's own domain, i.e. same-site public
-    images), "support_frame" (a known border of frame_px pixels).
+    images), "support_frame" (a known border of frame_px pixels), "render" (the rotated digits' public recipe,
+    aux.layout: fit the 8 x 8 digit behind each amplitude, ``render_fit``; other datasets: skipped).
 
     The frame is the layout prior of the upright embedded digits (each digit scaled into the central 20 x 20 box
     of the 28 x 28 canvas, a 4 px empty border): public knowledge of how the dataset is made, never read off the
@@ -205,21 +254,27 @@ class PhaseRetrieval(Attack):
     200 ER, 8 restarts, zero background): 24.0 dB mean aligned PSNR with the 4 px frame, 28.3 dB with the exact
     rotated 20 x 20 box (which does contain every digit); 3000 + 600 iterations with the rotated box give no more
     (the failed images stagnate at a Fourier residual near 1e-3, not for lack of iterations). On rot0 the frame
-    is exact and the per-image PSNR is bimodal (24 - 93 dB): some images come back exactly, others stagnate."""
+    is exact and the per-image PSNR is bimodal (24 - 93 dB): some images come back exactly, others stagnate.
+
+    "render" uses all the public knowledge of how these images are made (the frame uses only the box): 64 unknowns
+    per image. Measured on 16 training images per angle (32 restarts, best 4 continued, 300 + 700 Adam steps,
+    one thread, ~20 s): rot15 77.9 dB mean aligned PSNR (12 of 16 exact), another 16 at rot0/rot15/rot60:
+    59.8/63.5/65.6 dB mean (half exact; the others stagnate at 25-34 dB)."""
     name = "amplitude_phase_retrieval"
     consumes = (KIND,)
     adversary = "client"
-    aux = ("public", "domain_samples")
+    aux = ("public", "domain_samples", "layout")
     target = "reconstruction"
     Params = PRParams
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
         self.adversary = self.p.adversary_view
-        bad = [v for v in self.p.variants if v not in ("box", "support", "support_domain", "support_frame")]
+        bad = [v for v in self.p.variants if v not in VARIANTS]
         if bad:
-            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use box, support, support_domain or "
-                            "support_frame")
+            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use {', '.join(VARIANTS)}")
+        if len(self.p.render_steps) != 2 or min(self.p.render_steps) < 0:
+            raise UserError(f"{self.name}.render_steps = {self.p.render_steps!r}: give two step counts, e.g. [300, 700]")
 
     def _support(self, variant: str, aux, victim: str, size: int) -> torch.Tensor | None:
         if variant == "box":
@@ -246,7 +301,7 @@ class PhaseRetrieval(Attack):
         iteration for the whole attack); "box" is the all-True mask."""
         size = view.shape[1]
         gen = torch.Generator().manual_seed(self.p.seed)
-        outs, jobs = [], []
+        outs, jobs, renders = [], [], []
         for victim, rnd, amp in bank_entries(view, self.p.max_victims):
             if tuple(amp.shape[-2:]) != (size, size):
                 outs.append(Skipped(victim, KIND, rnd, f"the bank holds a {tuple(amp.shape[-2:])} window of the "
@@ -255,15 +310,30 @@ class PhaseRetrieval(Attack):
             rows = np.arange(min(len(amp), self.p.max_images or len(amp)))
             a = amp[rows].to(self.device, torch.float32)
             for v in self.p.variants:
+                if v == "render":
+                    angle = aux.layout.get("angle", {}).get(victim.split("/")[0])
+                    if aux.layout.get("render") != "digits-rotated" or angle is None or a.shape[1] != 1:
+                        outs.append(Skipped(victim, KIND, rnd, "variant render: the dataset publishes no recipe "
+                                            "for this domain (aux.layout; only the embedded rotated digits have one)"))
+                    else:
+                        renders.append((victim, rnd, rows, a, float(angle)))
+                    continue
                 s = self._support(v, aux, victim, size)
                 s = torch.ones(size, size, dtype=torch.bool, device=self.device) if s is None else s
                 jobs.append((victim, rnd, rows, a, v, s))
-        if not jobs:
-            return outs
-        amp = torch.cat([a for *_, a, _, _ in jobs])
-        sup = torch.cat([s.expand(len(a), size, size) for *_, a, _, s in jobs])
-        rec = self.attack_bank(amp, sup, gen).split([len(j[3]) for j in jobs])
-        for (victim, rnd, rows, a, v, _), r in zip(jobs, rec):
+        done = []
+        if jobs:
+            amp = torch.cat([a for *_, a, _, _ in jobs])
+            sup = torch.cat([s.expand(len(a), size, size) for *_, a, _, s in jobs])
+            rec = self.attack_bank(amp, sup, gen).split([len(j[3]) for j in jobs])
+            done += [(victim, rnd, rows, a, v, r) for (victim, rnd, rows, a, v, _), r in zip(jobs, rec)]
+        if renders:      # every rendered victim in one batched fit
+            amp = torch.cat([a[:, 0] for *_, a, _ in renders])
+            ang = torch.cat([torch.full((len(a),), g) for *_, a, g in renders]).to(amp)
+            rec = render_fit(amp, ang, self.p.render_restarts, self.p.render_keep, self.p.render_steps,
+                             gen).split([len(j[3]) for j in renders])
+            done += [(victim, rnd, rows, a, "render", r) for (victim, rnd, rows, a, _), r in zip(renders, rec)]
+        for victim, rnd, rows, a, v, r in done:
             base = (a[..., 0, 0] / (size * size)).clamp(0, 1)[..., None, None].expand_as(a)  # DC = sum of pixels
             outs.append(Reconstruction(victim, KIND, rnd, r, truth="amp", rows=rows, aligned=True, variant=v,
                                        baseline=base))
@@ -279,8 +349,19 @@ class PhaseRetrieval(Attack):
         # attacks.md settings (1000 HIO + 200 ER, 8 restarts): the control checks the algorithm, not the budget
         g, _ = retrieve(torch.fft.fft2(xp[:, 0]).abs(), sup, "zero", 1000, 200, 8, self.p.beta, 0.0, gen)
         ps = M.aligned_psnr(g[:, None].cpu(), xp.cpu())
-        return [Control("2x zero-padded toy images, known support: median aligned PSNR", "psnr",
-                        float(ps.median()), 60.0)]
+        out = [Control("2x zero-padded toy images, known support: median aligned PSNR", "psnr", float(ps.median()),
+                       60.0)]
+        if "render" in self.p.variants:    # random latents through the recipe at 15 deg: exact solutions are found
+            from fdg_audit.data.digits import place, rotate
+            z = torch.rand(16, 1, 8, 8, generator=gen).to(self.device)
+            x = rotate(place(z), 15.0)
+            d = PRParams()      # the default budget: the control checks the algorithm, not the budget
+            r = render_fit(torch.fft.fft2(x[:, 0]).abs(), torch.full((16,), 15.0, device=self.device),
+                           d.render_restarts, d.render_keep, d.render_steps, gen)
+            exact = (M.aligned_psnr(r.cpu(), x.cpu()) >= 60).float().mean()
+            out.append(Control("render: random 8x8 latents rotated 15 deg, share recovered exactly (>= 60 dB)",
+                               "share", float(exact), 0.2))
+        return out
 
 
 # ------------------------------------------------------------------------------------------ fingerprint

@@ -7,7 +7,13 @@ eps_lb_one_run / eps_lb_cp next to the accountant's eps_theory (fdg_audit/privac
 server knows what it sent each client, so it reads each update u_t = upload_t - received_t of an audited client;
 canary j's score is sum_t <u_t, u_j> over the client's releases (the likelihood-ratio statistic of the Gaussian
 mechanism for a canary of norm C in every release). eps_theory: the client_dp accountant's epsilon on the last
-release. Central mode is skipped: its epsilon covers the aggregate, not the individual uploads a server reads.
+release. Central mode (variant ``aggregate``): its epsilon covers the aggregate, not the individual uploads, so
+the audit reads what that epsilon protects, the global model the server broadcasts: u_t = b_{t+1} - b_t, the
+uniform mean of round t's uploads minus the model they started from (canaries C / K under noise sigma C / K; the
+other clients' clipped updates are fixed data, nearly orthogonal to the random canary directions). The last
+round's aggregate is never broadcast, so R rounds give R - 1 audited releases against an accountant's epsilon
+for all of them (a valid, slightly loose comparison). Audit one client per central-mode run: every audited
+client's canaries share the public directions and land in the same aggregate, where they blur each other.
 Controls (the filter itself on a synthetic 2,000-coordinate update, 128 canaries): no noise: eps_lb >= 1;
 canaries never inserted: eps_lb = 0; noise multiplier 1 over 3 releases: eps_lb <= the accountant's epsilon.
 
@@ -180,6 +186,20 @@ def _example_epsilon(events: list, delta: float) -> float:
     return epsilon(a, delta)
 
 
+def _aggregate_steps(view, victim: str, ups: list) -> list:
+    """Central mode: the change of the global model the server broadcasts after each audited release,
+    b_{t+1} - b_t over the upload's float arrays (in the upload's order, as the filter concatenates them). The
+    uniform mean of round t's uploads is b_{t+1}, so the change holds the canaries at C / K under noise sigma C / K."""
+    casts = {m.round: m.payload.arrays for m in view.messages()
+             if m.sender == "server" and m.receiver == victim and m.kind == "weights"}
+    out = []
+    for m, upd in ups:
+        now, nxt = casts.get(m.round), casts.get(m.round + 1)
+        if now is not None and nxt is not None and all(k in now and k in nxt for k in upd):
+            out.append(torch.cat([(nxt[k].double() - now[k].double()).flatten() for k in upd]))
+    return out
+
+
 @dataclass
 class CanaryParams(AttackParams):
     canaries: int = 256           # must equal [privacy.audit] update_canaries / gradient_canaries of the audited run
@@ -203,16 +223,16 @@ class UpdateAudit(Attack):
                 continue
             m, _ = ups[-1]
             ev = next(e for e in m.env.filters if e.get("mechanism") == "client_dp")
-            if ev["mode"] == "central":
-                outs.append(Skipped(victim, m.kind, m.round, "central mode: its epsilon covers the aggregate, not "
-                                    "the individual uploads a server reads"))
+            central = ev["mode"] == "central"
+            flats = _aggregate_steps(view, victim, ups) if central else \
+                [torch.cat([v.flatten() for v in upd.values()]) for _, upd in ups]
+            if not flats:
+                outs.append(Skipped(victim, m.kind, m.round, "central mode: no broadcast after the audited releases "
+                                    "(the aggregate of the last round is never sent; run at least 2 rounds)"))
                 continue
-            scores = np.zeros(p.canaries)
-            for _, upd in ups:
-                flat = torch.cat([v.flatten() for v in upd.values()])
-                scores += (update_canaries(p.canaries, len(flat), p.canary_seed) @ flat).numpy()
+            scores = sum((update_canaries(p.canaries, len(f), p.canary_seed) @ f).numpy() for f in flats)
             outs.append(Audit(victim, m.kind, m.round, scores, float(ev["delta"]), float(ev["epsilon"]),
-                              truth="update_canaries", variant="sum"))
+                              truth="update_canaries", variant="aggregate" if central else "sum"))
         return outs
 
     @staticmethod

@@ -11,7 +11,8 @@ The protocol is public (Kerckhoffs): lr, optimizer (sgd/adam), momentum, weight 
 local_steps / local_epochs come from ``view.params``; the victim's data size n_k from its ``n_samples`` message
 (a curious client assumes the others hold as many images as it does; a server that received no n_samples, as
 with FedDG or CSAC, estimates n_k from the update norm with its public data, as ``dataset_size`` does: output
-variant "n_estimated"). FedSGD is ``local_steps = 1``.
+variant "n_estimated"; where the envelope records noise (client-level DP, DP-SGD) the norm is mostly noise and
+would ask for an unbounded unroll, so the server assumes one batch per epoch, n_k = B: variant "n_assumed"). FedSGD is ``local_steps = 1``.
 
 Attack (Inverting Gradients, Geiping et al. 2020, with the FedAvg unrolling of breaching's multi-step user):
   * dummy images x̂ in [0, 1] (``box`` = "clamp": projected after every step, as breaching; or "sigmoid"),
@@ -98,6 +99,13 @@ class Protocol:
 
 
 # --------------------------------------------------------------------------------- simulation
+
+def noise_on(m) -> bool:
+    """Whether an upload's envelope records a noising mechanism (client_dp or dp_sgd with noise): its norm is then
+    mostly noise and says nothing about n_k."""
+    return any(isinstance(e, dict) and e.get("mechanism") in ("client_dp", "dp_sgd") and e.get("noise_multiplier", 0) > 0
+               for e in m.env.filters or [])
+
 
 def schedule(n: int | None, pr: Protocol, max_images: int = 0, offset: int = 0) -> tuple[list[torch.Tensor], int]:
     """Per local step, the indices into a dummy set (starting at ``offset``) that the step trains on, and the
@@ -351,6 +359,9 @@ class UpdateInversion(Attack):
                 n = view.messages(kind="n_samples", sender=v)
                 n, how = (int(n[0].payload["n"]), "") if n else (None, "")
                 ts = self._rounds(view, rounds)
+                noised = any(noise_on(m) for m in view.messages(kind="weights", sender=v))
+                if n is None and pr.local_steps <= 0 and noised:
+                    n, how = pr.batch_size, "n_assumed"
                 if n is None and pr.local_steps <= 0 and ts:   # estimate n_k as the dataset_size attack does
                     from .stats import estimate_size
                     est, how = estimate_size(view, v, ts[0], aux.public if aux else None)

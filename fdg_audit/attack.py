@@ -2,7 +2,7 @@
 
 An attack plugin is a class with
   ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
-  ``aux`` (subset of "public", "domain_samples", "candidates"); ``target`` ("reconstruction" |
+  ``aux`` (subset of "public", "domain_samples", "candidates", "layout"); ``target`` ("reconstruction" |
   "membership" | "attribute" | "label_dist" | "dataset_size"); ``Params`` (dataclass);
   ``run(view, aux) -> list[Output]`` (Reconstruction | Scores | Predictions | Estimate, or Skipped with a
   reason) and ``control() -> list[Control]`` (positive controls that must succeed and negative controls that
@@ -42,7 +42,7 @@ from .plugins import available, load_attack
 from .sandbox import AdversaryView, AttackFailed, Aux, Message, run_isolated, view_envelopes  # noqa: F401
 
 ADVERSARIES = ("server", "client", "eavesdropper")
-AUX = ("public", "domain_samples", "candidates")
+AUX = ("public", "domain_samples", "candidates", "layout")
 
 
 @dataclass
@@ -242,6 +242,8 @@ def build_aux(run: dict, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
     t = data.domain(target)
     aux = Aux(num_classes=data.num_classes, domains=[d.name for d in data.domains if d.name != target])
     members = {}
+    if "layout" in need:
+        aux.layout = dict(data.layout)
     if "public" in need:
         aux.public = Split(torch.cat([t.train.x, t.val.x]), torch.cat([t.train.y, t.val.y]),
                            np.concatenate([t.train.idx, t.val.idx]))
@@ -624,8 +626,8 @@ def _save_grid(root: Path, label: str, run_id: str, o: Reconstruction, n: int = 
     x, r, b = o.scored
     buf = io.BytesIO()
     np.savez_compressed(buf, truth=x[:n].numpy(), recon=r[:n].numpy(), baseline=b[:n].cpu().float().numpy())
-    safe = run_id.replace("/", "__")
-    atomic_write(root / "recon" / label / f"{safe}__{o.victim}__{o.variant or 'main'}.npz", buf.getvalue())
+    safe, victim = run_id.replace("/", "__"), o.victim.replace("/", "@")     # client ids "rot15/0" -> "rot15@0"
+    atomic_write(root / "recon" / label / f"{safe}__{victim}__{o.variant or 'main'}.npz", buf.getvalue())
 
 
 def _write_rows(path: Path, rows: list[dict], fields: list[str]) -> None:

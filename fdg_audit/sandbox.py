@@ -116,12 +116,15 @@ class Aux:
     """Auxiliary knowledge the attack declared. ``public``: labelled images of the held-out domain (not a
     victim's). ``domain_samples``: labelled public samples of each source domain, disjoint from all
     training data. ``candidates[victim]``: a shuffled pool of that victim's members and non-members, with
-    class labels (membership withheld)."""
+    class labels (membership withheld). ``layout``: how the dataset's images are made, public knowledge of the
+    dataset (the embedded rotated digits: 8x8 digits lifted to 20x20 in a 28x28 canvas, rotated by the domain's
+    angle); empty where the dataset has no such recipe."""
     public: Split | None = None
     domain_samples: dict = field(default_factory=dict)
     candidates: dict = field(default_factory=dict)
     num_classes: int = 0
     domains: list = field(default_factory=list)
+    layout: dict = field(default_factory=dict)   # "layout": the public recipe of each domain (DomainSet.layout)
 
 
 # ------------------------------------------------------------------------------------------- plain-data transport

@@ -163,6 +163,19 @@ def test_client_audit_bound_below_accountant_and_positive_without_noise(run_toml
     assert len(member) == 256 and 90 < member.sum() < 166
 
 
+def test_central_audit_reads_the_broadcast_aggregate(run_toml):
+    """Central mode: the audit scores the global model's change between broadcasts (rounds - 1 releases)."""
+    from conftest import leakage_rows
+    text = AUDIT.replace("rounds = 1", "rounds = 3").replace('name = "fedavg"\n', 'name = "fedavg"\nweighting = "uniform"\n')
+    text = text.replace("noise_multiplier = {sigma}", 'noise_multiplier = {sigma}\nmode = "central"')
+    for sigma, check in ((0.0, lambda lb, t: lb > 2.0 and math.isinf(t)), (1.0, lambda lb, t: 0.0 <= lb <= t)):
+        root = run_toml(text.format(seed=0, sigma=sigma), name=f"c{sigma}")
+        lb = leakage_rows(root, metric="eps_lb_one_run")
+        theory = leakage_rows(root, metric="eps_theory")
+        assert len(lb) == 3 and {r["output"] for r in lb} == {"aggregate"}
+        assert all(check(float(a["value"]), float(t["value"])) for a, t in zip(lb, theory))
+
+
 REFUSING = ["csac", "ccst", "fpl", "fedsr", "copa", "fedga", "fedadg"]
 
 

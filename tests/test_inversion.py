@@ -185,3 +185,14 @@ def test_fedsgd_batch1_positive_control_cnn_mnist(run_toml):
     got = {r["metric"]: r for r in csv.DictReader(open(root / "leakage.csv")) if r["victim"] == "rot15"}
     print({k: (round(float(r["value"]), 2), round(float(r["baseline"]), 2)) for k, r in got.items()})
     assert float(got["psnr"]["value"]) >= 20.0 and float(got["label_acc"]["value"]) == 1.0
+
+
+def test_noised_uploads_without_n_samples_assume_one_batch_per_epoch(run_toml):
+    """Under client-level DP the update's norm is mostly noise: the server does not estimate n_k from it (an
+    estimate far above the truth would unroll thousands of steps), it assumes n_k = B (variant n_assumed)."""
+    text = POSITIVE.replace('name = "fedavg"\n', 'name = "fedavg"\nweighting = "uniform"\n').replace(
+        "local_steps = 1", "local_epochs = 1").replace("batch_size = 1", "batch_size = 8") + \
+        "iterations = 20\nrestarts = 1\n[privacy.client]\nclip = 0.5\nnoise_multiplier = 1.0\n"
+    root = run_toml(text, "train.rounds=1", name="dp")
+    got = [r for r in csv.DictReader(open(root / "leakage.csv")) if r["metric"] == "psnr"]
+    assert len(got) == 1 and got[0]["output"] == "n_assumed" and got[0]["status"] == "ok"

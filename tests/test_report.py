@@ -359,3 +359,18 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     h = headline(root)
     assert f"server: {float(dg['value']):.1f} [" in h and "Δ +0.100" in h
     assert "plots/tradeoff_digits_reconstruction.png" in md
+
+
+def test_reconstruction_grids_of_client_ids_stay_flat_and_parse_back(tmp_path):
+    """Client ids carry a slash ("rot15/0"): the grid file must not become a folder the report never reads."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from fdg_audit.attack import _save_grid
+    from fdg_audit.report.tables import _split_file
+    x = torch.zeros(2, 1, 4, 4)
+    _save_grid(tmp_path, "update_inversion", "rotated/fedavg/rot45/s0",
+               SimpleNamespace(scored=(x, x, x), victim="rot15/0", variant="n_assumed"))
+    (f,) = (tmp_path / "recon").glob("*/*.npz")
+    assert _split_file(f.stem, {"rotated/fedavg/rot45/s0"}) == ("rotated/fedavg/rot45/s0", "rot15/0", "n_assumed")

@@ -37,6 +37,16 @@ def test_section_plots_each_harm_against_epsilon_and_lists_stream_shares(tmp_pat
     assert line_of("fedavg_eps8") == line_of("fedavg_eps2") == "fedavg" and line_of("feddg_dpsgd_bank") == "feddg_dpsgd_bank"
 
 
+def test_kinds_sent_outside_every_mechanism_are_listed(tmp_path):
+    ev = dict(mechanism="client_dp", epsilon=7.9)
+    envs = [dict(run="r/feddg_eps8", sender="a", kind="weights", filters=[ev]),
+            dict(run="r/feddg_eps8", sender="a", kind="amplitude_bank", filters=[]),
+            dict(run="r/feddg_eps8", sender="server", kind="amplitude_bank", filters=[]),
+            dict(run="r/feddg", sender="a", kind="amplitude_bank", filters=[])]     # no mechanism at all: not listed
+    lines = dp_section([card("feddg_eps8", 7.9, "accuracy", 0.5)], [], tmp_path / "plots", envs)
+    assert "| r/feddg_eps8 | amplitude_bank |" in lines and not any(line.startswith("| r/feddg |") for line in lines)
+
+
 def test_no_section_without_finite_epsilon(tmp_path):
     assert dp_section([card("fedavg", "inf", "accuracy", 0.9)], [], tmp_path) == []
     assert stream_shares([priv("r", "a", "client_dp", 1, 2.0)]) == []

@@ -43,6 +43,7 @@ class DomainSet:
     clients_per_domain: int = 1   # each domain is split into this many clients "<domain>/<k>" (1: the domain itself)
     client_alpha: float = 0.0     # 0: IID client split; > 0: Dirichlet(alpha) label skew across a domain's clients
     split_seed: int = 0
+    layout: dict = field(default_factory=dict)   # the public generator of the domains, for layout priors (see Aux)
 
     @property
     def names(self) -> list[str]:
@@ -162,7 +163,7 @@ def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
             keep[rng.permutation(members)[:int(round(len(members) * p[c] / p.max()))]] = True
         sel = torch.as_tensor(np.flatnonzero(keep))
         out.append(Domain(d.name, Split(d.train.x[sel].contiguous(), d.train.y[sel], d.train.idx[sel.numpy()]), d.val))
-    return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size)
+    return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size, layout=ds.layout)
 
 
 def _cut(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -21,18 +21,23 @@ FAMILIES = {"rotated": list(ROTATED), "appearance": list(APPEARANCE)}
 
 def lift(images: np.ndarray) -> torch.Tensor:
     """(N, 8, 8) digits with values 0..16 -> (N, 1, 28, 28) float32 in [0, 1]: bilinear to 20x20, 4 px zero pad."""
-    x = torch.as_tensor(np.asarray(images, dtype=np.float32) / 16.0).unsqueeze(1)
-    x = F.interpolate(x, size=(20, 20), mode="bilinear", align_corners=False)
+    return place(torch.as_tensor(np.asarray(images, dtype=np.float32) / 16.0).unsqueeze(1))
+
+
+def place(z: torch.Tensor) -> torch.Tensor:
+    """(N, 1, 8, 8) in [0, 1] -> (N, 1, 28, 28): bilinear to 20x20, 4 px zero pad (differentiable in z)."""
+    x = F.interpolate(z, size=(20, 20), mode="bilinear", align_corners=False)
     return F.pad(x, (4, 4, 4, 4)).clamp(0.0, 1.0)
 
 
-def rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
-    """Rotate a batch (N, C, H, W) counter-clockwise (as displayed) about its centre; zeros fill the corners."""
-    if degrees % 360 == 0:
+def rotate(x: torch.Tensor, degrees) -> torch.Tensor:
+    """Rotate a batch (N, C, H, W) counter-clockwise (as displayed) about its centre by ``degrees`` (one angle, or
+    one per image); zeros fill the corners. Differentiable in x."""
+    a = torch.as_tensor(degrees, dtype=torch.float64).flatten() * (math.pi / 180)
+    if not bool((torch.remainder(a, 2 * math.pi) != 0).any()):
         return x.clone()
-    a = math.radians(degrees)
-    c, s = math.cos(a), math.sin(a)
-    theta = torch.tensor([[c, -s, 0.0], [s, c, 0.0]], dtype=x.dtype, device=x.device)
+    c, s, o = a.cos(), a.sin(), torch.zeros_like(a)
+    theta = torch.stack([torch.stack([c, -s, o], -1), torch.stack([s, c, o], -1)], -2).to(x.device, x.dtype)
     grid = F.affine_grid(theta.expand(x.shape[0], 2, 3), list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False).clamp(0.0, 1.0)
 
@@ -89,4 +94,6 @@ def load_digits_domains(cfg: DataConfig) -> DomainSet:
         else:
             x = appearance(mask, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
         domains.append(split_domain(name, x, labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
-    return DomainSet(f"digits-{cfg.family}", domains, 10, 1 if cfg.family == "rotated" else 3, 28)
+    # the public recipe (lift, then rotate by the domain's angle): what an attacker with a layout prior may know
+    layout = {"render": "digits-rotated", "angle": {n: ROTATED[n] for n in wanted}} if cfg.family == "rotated" else {}
+    return DomainSet(f"digits-{cfg.family}", domains, 10, 1 if cfg.family == "rotated" else 3, 28, layout=layout)

@@ -30,7 +30,7 @@ Modes (named in the envelope's event):
   and (b) all K clients to add their share honestly (a dropped or colluding client lowers the aggregate's noise).
   The epsilon holds for the aggregate and everything derived from it (the global model, what other clients
   receive). It needs a uniform mean (sensitivity C / K): methods whose server aggregates otherwise are refused at
-  plan time. The update audit skips central-mode runs (it reads individual uploads).
+  plan time. The update audit reads central-mode runs' broadcast aggregates, not the individual uploads.
 
 Adaptive clipping (Andrew et al. 2021, "Differentially private learning with adaptive clipping"), an option::
 

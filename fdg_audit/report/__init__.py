@@ -321,7 +321,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     md += _scorecard_md(res, card) + _differences_md(res) + _victims_md(res) + _tradeoff_md(res, trade_files)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += _bytes_md(res, by, byte_files) + _privacy_md(res, acc, eps, eps_files)
-    md += dp_section(card, res.privacy, plots)   # accuracy and each harm against ε, from the scorecard rows
+    md += dp_section(card, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε, from the scorecard rows
     if roc_files:
         md += ["## Membership inference ROC", "", "Log-log ROC, scores pooled over each method's runs and victims; "
                "the dashed diagonal is random guessing.", ""] + [_img(f, "ROC") for f in roc_files] + [""]

@@ -1,6 +1,6 @@
 """The report's privacy section: accuracy and each harm against epsilon, one line per method, and each stream's share.
 
-``dp_section(scorecard_rows, privacy_rows, plots_dir)`` returns markdown lines. ``scorecard_rows`` are rows of
+``dp_section(scorecard_rows, privacy_rows, plots_dir, envelopes)`` returns markdown lines. ``scorecard_rows`` are rows of
 ``scorecard.csv`` (``dataset, method, epsilon, harm, metric, value, ci_low, ci_high, baseline, ...``; ``epsilon`` a
 number or "inf"); ``privacy_rows`` are rows of ``privacy.csv``. A method's variants at several budgets are labelled
 ``<method>`` and ``<method>_eps<e>`` (as in scenarios/feddg_vs_csac_dp.toml) and are drawn as one line; any other
@@ -87,7 +87,21 @@ def stream_shares(privacy_rows: list[dict]) -> list[dict]:
     return out
 
 
-def dp_section(scorecard_rows: list[dict], privacy_rows: list[dict], plots_dir: Path) -> list[str]:
+def unprotected(envelopes) -> dict:
+    """Per run with any DP mechanism: the kinds its clients sent with no accounted mechanism on them (the ε does not
+    cover what they carry: e.g. FedDG's amplitude bank under client-level DP on the weights)."""
+    guarded, sent = set(), defaultdict(set)
+    for e in envelopes:
+        if e["sender"] == "server":
+            continue
+        if any(isinstance(ev, dict) and "epsilon" in ev for ev in e.get("filters") or []):
+            guarded.add(e["run"])
+        else:
+            sent[e["run"]].add(e["kind"])
+    return {run: sorted(sent[run]) for run in sorted(guarded) if sent[run]}
+
+
+def dp_section(scorecard_rows: list[dict], privacy_rows: list[dict], plots_dir: Path, envelopes=()) -> list[str]:
     plots_dir = Path(plots_dir)
     rows = [r for r in scorecard_rows if not str(r.get("method", "")).endswith("_audit")]
     if not rows or all(math.isinf(_eps(r.get("epsilon"))) for r in rows):
@@ -119,4 +133,9 @@ def dp_section(scorecard_rows: list[dict], privacy_rows: list[dict], plots_dir: 
         out += [f"| {s['run']} | {s['mechanism']} | {s['adjacency']} | {s['epsilon']:.2f} | {s['total']:.2f} | "
                 f"{s['share']:.2f} |" for s in shares]
         out.append("")
+    bare = unprotected(envelopes)
+    if bare:
+        out += ["Sent by clients outside every mechanism (not covered by the run's ε; the scorecard's leakage cells "
+                "show what they give away):", "", "| run | kinds sent without a mechanism |", "|---|---|"]
+        out += [f"| {run} | {', '.join(kinds)} |" for run, kinds in bare.items()] + [""]
     return out

@@ -48,6 +48,7 @@ AUX_WORDS = {"public": "public target-domain images", "domain_samples": "public 
 OUTPUT_WORDS = {"box": "box constraint only", "support": "support mask from public images",
                 "support_domain": "support mask from same-site public images",
                 "support_frame": "known-layout frame (the upright 20x20 digit box)",
+                "render": "the dataset's public recipe (8x8 digit, bilinear to 20x20, rotated by the domain's angle)",
                 "perturbed": "perturbed copies of the candidates",
                 "sent": "reads the value the client sent"}
 

@@ -143,7 +143,7 @@ def _split_file(stem: str, runs: set) -> tuple | None:
         safe = run.replace("/", "__") + "__"
         if stem.startswith(safe):
             rest = stem[len(safe):].split("__")
-            return run, rest[0], "__".join(rest[1:]) or "main"
+            return run, rest[0].replace("@", "/"), "__".join(rest[1:]) or "main"
     return None
 
 
