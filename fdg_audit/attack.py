@@ -50,6 +50,7 @@ class AttackParams:
     as_client: str = ""           # the curious client for adversary "client" (default: the first client)
     max_victims: int = 0          # 0 = every victim the adversary can see
     targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
+    seeds: list = field(default_factory=list)     # attack only runs of these seeds ([] = every run)
 
 
 def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list:
@@ -448,7 +449,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
             ok &= c.passed
             controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
         for run_id, run in runs.items():
-            if atk.p.targets and run["target"] not in atk.p.targets:
+            if not wanted(atk, run):
                 continue
             me = observer(atk, run)
             status = "ok" if ok else "not measurable (control failed)"
@@ -540,6 +541,12 @@ def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
     return _selection(Ledger.open(root), _runs(root), [_make(c, device) for c in attack_cfgs], device)
 
 
+def wanted(atk, run: dict) -> bool:
+    """The attack's ``targets`` and ``seeds`` filters (empty: every run)."""
+    return (not atk.p.targets or run["target"] in atk.p.targets) and \
+        (not atk.p.seeds or int(run.get("seed", 0)) in [int(s) for s in atk.p.seeds])
+
+
 def _selection(ledger, runs: dict, attacks: list, device, absent_client: bool = False) -> dict[str, list[str]]:
     """``absent_client``: also list a curious-client attack whose client is not in the run (it gets a note row)."""
     out = {}
@@ -548,10 +555,10 @@ def _selection(ledger, runs: dict, attacks: list, device, absent_client: bool = 
         for label, atk, *_ in attacks:
             me = observer(atk, run)
             if atk.adversary == "client" and me not in run["clients"]:
-                if absent_client and (not atk.p.targets or run["target"] in atk.p.targets):
+                if absent_client and wanted(atk, run):
                     out[run_id].append(label)
                 continue
-            if (not atk.p.targets or run["target"] in atk.p.targets) and \
+            if wanted(atk, run) and \
                     applicable(atk, {e.kind for e in view_envelopes(ledger, run_id, atk.adversary, me)
                                      if ledger.stored(e)}):
                 out[run_id].append(label)

@@ -115,6 +115,11 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             raise UserError(f"attacks.{a['label']}.targets = {a['targets']!r}: no run holds out "
                             f"{sorted(set(a['targets']) - held_out) if isinstance(a['targets'], list) else a['targets']};"
                             f" use held-out domains of this scenario ({', '.join(sorted(held_out))}) or []")
+    for a in attack_cfgs:
+        seeds = a.get("seeds", [])
+        if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds) or set(seeds) - set(sc0.seeds):
+            raise UserError(f"attacks.{a['label']}.seeds = {seeds!r}: give a list of this scenario's seeds "
+                            f"({sc0.seeds}) or []")
     if resume:
         root = Path(resume)
         done, rows_by, keep = _resume(root, runs)

@@ -15,7 +15,9 @@ def test_named_scenario_runs_small(tmp_path, capsys):
             "datasets.rotated.domains=[\"rot0\", \"rot45\", \"rot75\"]",
             "attacks.amplitude_phase_retrieval.hio=40", "attacks.amplitude_phase_retrieval.er=10",
             "attacks.amplitude_phase_retrieval.restarts=2", "attacks.update_inversion.iterations=10",
-            "attacks.all.exclude=[\"mia_lira\", \"mia_rmia\", \"mia_trajectory\"]"]
+            "attacks.amplitude_phase_retrieval.render_restarts=4", "attacks.amplitude_phase_retrieval.render_steps=[50, 50]",
+            "attacks.all.exclude=[\"mia_lira\", \"mia_rmia\", \"mia_trajectory\", \"dp_audit_artifact\", \"dp_audit_client\", "
+            "\"dp_audit_dpsgd\"]"]
     argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:6], "--set", *tiny[6:]]
     assert main(argv) == 0
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])

@@ -189,3 +189,20 @@ def test_attack_randomness_is_salted_by_the_run_seed():
     seeds = {salted(atk, job, s)[0].p.seed for s in (0, 1, 2)}
     assert len(seeds) == 3 and salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[1]["params"]["seed"]
     assert salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[0].p.seed and atk.p.seed == 0
+
+
+def test_attack_seed_and_target_filters(tmp_path):
+    from types import SimpleNamespace
+
+    from fdg_audit.attack import wanted
+    from fdg_audit.errors import UserError
+    from fdg_audit.runner import run_scenario
+    atk = SimpleNamespace(p=SimpleNamespace(targets=["rot0"], seeds=[1]))
+    assert wanted(atk, {"target": "rot0", "seed": 1})
+    assert not wanted(atk, {"target": "rot0", "seed": 0}) and not wanted(atk, {"target": "rot15", "seed": 1})
+    assert wanted(SimpleNamespace(p=SimpleNamespace(targets=[], seeds=[])), {"target": "x", "seed": 5})
+    f = tmp_path / "s.toml"
+    f.write_text('seeds = [0]\n[[methods]]\nname = "fedavg"\n[[attacks]]\nname = "mia_loss"\nseeds = [3]\n')
+    with pytest.raises(UserError, match=r"attacks.mia_loss.seeds = \[3\]"):
+        run_scenario(str(f), out=str(tmp_path / "runs"), quiet=True)
+    assert not (tmp_path / "runs").exists()          # refused before anything ran
