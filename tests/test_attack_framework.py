@@ -135,7 +135,7 @@ def test_ground_truth_never_reaches_the_attack(root):
     run_attacks(root, [{"name": f"{HERE}:Spy"}, {"name": f"{HERE}:CandidatesOnly"}], quiet=True, isolate=False)
     (view, aux), (_, only) = SEEN
     assert {f.name for f in dataclasses.fields(Aux)} == {"public", "domain_samples", "candidates", "num_classes",
-                                                         "domains"}          # no membership field exists
+                                                         "domains", "layout"}          # no membership field exists
     for obj in (view, aux):
         for v in vars(obj).values():
             assert not isinstance(v, (Truth, DomainSet, Ledger)), type(v)
@@ -148,6 +148,7 @@ def test_ground_truth_never_reaches_the_attack(root):
         assert not set(aux.domain_samples[d].idx) & source_train
     assert sorted(aux.domain_samples) == aux.domains == ["rot0", "rot15", "rot30"] and aux.num_classes == 10
     assert only.public is None and only.domain_samples == {} and only.candidates    # only what was declared
+    assert only.layout == {}
     assert view.me == "rot0" and view.clients == ["rot0", "rot15", "rot30"] and view.shape == (1, 28, 10)
     assert isinstance(view.params, dict) and view.params["rounds"] == 2         # the public protocol
 

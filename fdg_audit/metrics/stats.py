@@ -24,6 +24,7 @@ chosen, and its metric on B is reported; a baseline is chosen and scored the sam
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,8 +51,8 @@ class Items:
         """The metric on items ``idx`` (..., m) (default: all), one value per leading index."""
         idx = np.arange(len(self.x)) if idx is None else np.asarray(idx)
         x = np.asarray(self.x, float)[idx]
-        if self.kind == "mean":
-            return x.mean(-1)
+        if self.kind == "mean":     # no items: NaN, without numpy's empty-slice warning
+            return x.mean(-1) if x.shape[-1] else np.full(x.shape[:-1], np.nan)
         y = np.asarray(self.y)[idx]
         if self.kind == "auc":
             from scipy.stats import rankdata
@@ -83,11 +84,14 @@ def _replicates(per: np.ndarray, point: np.ndarray, rng: np.random.Generator) ->
     point value ``point`` (R,): items are redrawn inside every run, and the runs' own effects (shrunk to the
     between-run variance left after removing the item noise) are redrawn with replacement."""
     R, b = per.shape
-    reps = np.nanmean(per, 0)
+    with warnings.catch_warnings():     # all-NaN runs (a run without items) are NaN here, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        reps = np.nanmean(per, 0)
+        within = float(np.nanmean(np.nanvar(per, 1))) if R > 1 else 0.0
     if R > 1:
         e = point - point.mean()
         s2 = e.var(ddof=1)
-        sb2 = max(0.0, s2 - float(np.nanmean(np.nanvar(per, 1))))           # between-run variance
+        sb2 = max(0.0, s2 - within)           # between-run variance
         if s2 > 0 and sb2 > 0:
             e = e * np.sqrt(sb2 / s2 * R / (R - 1))
             reps = reps + e[rng.integers(0, R, (b, R))].mean(1)

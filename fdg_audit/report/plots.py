@@ -3,6 +3,7 @@ their file names; every figure states its units, the number of seeds and what th
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -24,7 +25,9 @@ def _fig(w, h):
 
 def _save(fig, out: Path, name: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / name, bbox_inches="tight")
+    with warnings.catch_warnings():     # tall grids of tiny panels: matplotlib falls back to its default layout
+        warnings.filterwarnings("ignore", message="constrained_layout not applied")
+        fig.savefig(out / name, bbox_inches="tight")
     return name
 
 
