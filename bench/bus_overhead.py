@@ -34,7 +34,7 @@ class DirectLink(fed.LocalLink):
 
 
 def once(direct: bool, args, data) -> float:
-    spec = fed.RunSpec("bench/fedavg/rot0/s0", "fedavg", Params(rounds=args.rounds, lr=0.02), DataConfig(),
+    spec = fed.RunSpec("bench/fedavg/rot0/s0", "fedavg", Params(rounds=args.rounds, lr=0.02), DataConfig(dataset="digits"),
                        ModelConfig(arch=args.arch), "rot0")
     orig = fed.LocalLink
     fed.LocalLink = DirectLink if direct else orig
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--arch", default="cnn_small")
     args = ap.parse_args()
-    data = load_data(DataConfig())
+    data = load_data(DataConfig(dataset="digits"))
     once(True, args, data)  # warm-up
     bus, direct = [], []
     for _ in range(args.repeats):

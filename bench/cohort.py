@@ -68,11 +68,11 @@ def main():
     device = resolve_device(args.device)
     ks = [int(k) for k in args.clients.split(",")]
     fashion = Path(FASHION_MNIST_ROOT).is_dir()
-    base = DataConfig(dataset="idx", per_domain=2000) if fashion else DataConfig()
+    base = DataConfig(dataset="idx", per_domain=2000) if fashion else DataConfig(dataset="digits")
     print(f"data: {'Rotated Fashion-MNIST' if fashion else 'embedded rotated digits'}, device {device}, "
           f"{torch.get_num_threads()} threads, {args.repeats} interleaved repetitions")
     for k in ks:
-        data = load_data(DataConfig(**{**base.__dict__, "clients_per_domain": math.ceil(k / 6)}))
+        data = load_data(DataConfig(dataset="digits", **{**base.__dict__, "clients_per_domain": math.ceil(k / 6)}))
         a, b = make(data, k, device), make(data, k, device)
         loop(a, device), cohort(b, device)
         err = max((x - y).abs().max().item() for ca, cb in zip(a, b)

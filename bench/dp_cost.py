@@ -30,7 +30,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    cfg = DataConfig(family="rotated", domains=["rot0", "rot15", "rot30", "rot45"], per_domain=150)
+    cfg = DataConfig(dataset="digits", family="rotated", domains=["rot0", "rot15", "rot30", "rot45"], per_domain=150)
     data, model = load_data(cfg), ModelConfig()
     specs = []
     for name, extra, priv in CASES:

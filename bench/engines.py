@@ -121,7 +121,7 @@ def engine(data, rounds, name) -> float:
     kind = "local" if name == "vmap" else name
     spec = fed.RunSpec(f"bench/fedavg/rot0/{name}", "fedavg",
                        Params(rounds=rounds, lr=LR, batch_size=BATCH, cohort="vmap" if name == "vmap" else "loop"),
-                       DataConfig(), ModelConfig(), "rot0", engine=kind, threads=torch.get_num_threads(),
+                       DataConfig(dataset="digits"), ModelConfig(), "rot0", engine=kind, threads=torch.get_num_threads(),
                        workers=2, worker_threads=1)
     with tempfile.TemporaryDirectory() as d:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -181,7 +181,7 @@ def main():
     ap.add_argument("--variants", default="local,ray,process,flower")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    data = load_data(DataConfig())
+    data = load_data(DataConfig(dataset="digits"))
     variants = [v for v in args.variants.split(",") if v]
     if "ray" in variants:
         try:

@@ -37,7 +37,7 @@ def main():
     ap.add_argument("--device", default="auto")
     a = ap.parse_args()
     dev = resolve_device(a.device)
-    data = load_data(DataConfig(family="rotated", domains=["rot0", "rot15", "rot30", "rot45"]))
+    data = load_data(DataConfig(dataset="digits", family="rotated", domains=["rot0", "rot15", "rot30", "rot45"]))
     ctx = dict(params=Params(batch_size=32), device=dev, model_cfg=ModelConfig(), shape=(1, 28, 28, 10),
                seedseq=seed_sequence(0, "bench"), id="rot0", party=1, domain=data.domain("rot0"))
     client = FedDGClient(ctx)

@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    data = load_data(DataConfig())
+    data = load_data(DataConfig(dataset="digits"))
     engines.engine(data, 1, "local")   # warm-up
     pr = cProfile.Profile()
     pr.enable()

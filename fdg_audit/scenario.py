@@ -142,7 +142,7 @@ def parse(raw: dict) -> Scenario:
     ds = raw.get("datasets") or [{}]
     sc.datasets = [typed(DatasetEntry, d, f"datasets[{i}]") for i, d in enumerate(ds)]
     for d in sc.datasets:
-        d.label = d.label or (d.family if d.dataset in ("digits", "idx") else Path(d.root).name or d.dataset)
+        d.label = d.label or (d.family if d.dataset in ("mnist", "digits", "idx") else Path(d.root).name or d.dataset)
     labels = [d.label for d in sc.datasets]
     if len(set(labels)) != len(labels):
         raise UserError(f"two [[datasets]] share the label {labels}: give each a distinct label = \"...\"")

@@ -79,7 +79,7 @@ def _rows(ids, idx):
 def test_learned_encoder_is_a_trained_feature_extractor_with_a_decoder():
     p = CCSTParams()
     assert p.encoder == "learned"
-    data = load_data(DataConfig(family="appearance", per_domain=40))
+    data = load_data(DataConfig(dataset="digits", family="appearance", per_domain=40))
     x = data.domain("colour").train.x[:32]
     learned, rand = build_encoder(p, 3), build_encoder(CCSTParams(encoder="relu"), 3)
     assert torch.allclose(ccst.public_photos(3, 16, 4, torch.Generator().manual_seed(0)),
@@ -94,7 +94,7 @@ def test_learned_encoder_is_a_trained_feature_extractor_with_a_decoder():
 
 
 def _client(K: int, style: str = "overall", bank_size: int = 0):
-    data = load_data(DataConfig(family="appearance", per_domain=40))
+    data = load_data(DataConfig(dataset="digits", family="appearance", per_domain=40))
     dom = data.domain("colour")
     truth = {}
     ctx = dict(id="colour", params=CCSTParams(K=K, style=style, bank_size=bank_size), device="cpu",

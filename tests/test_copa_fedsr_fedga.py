@@ -94,7 +94,7 @@ def _party(params, cls=None, norm="group"):
     shape, cfg = (1, 28, 28, 10), ModelConfig(norm=norm)
     if cls is None:
         return SimpleNamespace(params=params, shape=shape, model_cfg=cfg, device=torch.device("cpu"))
-    data = load_data(DataConfig(domains=["rot0", "rot30", "rot60"], per_domain=40))
+    data = load_data(DataConfig(dataset="digits", domains=["rot0", "rot30", "rot60"], per_domain=40))
     return cls(dict(params=params, device="cpu", model_cfg=cfg, shape=shape, seedseq=seed_sequence(0, "unit"),
                     id="rot0", party=1, domain=data.domain("rot0")))
 

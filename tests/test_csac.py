@@ -87,7 +87,7 @@ def test_bad_options_are_user_errors():
 
 
 def _client(**kw):
-    data = load_data(DataConfig(family="rotated", domains=["rot0", "rot30"], per_domain=30))
+    data = load_data(DataConfig(dataset="digits", family="rotated", domains=["rot0", "rot30"], per_domain=30))
     ctx = dict(params=Params(batch_size=8, acquire_epochs=1, local_steps=1, **kw), device="cpu",
                model_cfg=ModelConfig(), shape=(1, 28, 28, 10), seedseq=seed_sequence(0, "unit"), id="rot30",
                party=1, domain=data.domain("rot30"))

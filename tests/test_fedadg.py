@@ -14,7 +14,7 @@ from methods.fedadg import Generator, Params, smoothed_ce
 
 
 def _run(**kw):
-    data = load_data(DataConfig(domains=["rot0", "rot15", "rot30"], per_domain=60))
+    data = load_data(DataConfig(dataset="digits", domains=["rot0", "rot15", "rot30"], per_domain=60))
     clients = {d.name: (d.train, d.val) for d in data.domains[:2]}
     p = Params(**dict(dict(rounds=2, batch_size=16, lr=0.05), **kw))
     return federate("fedadg", p, ModelConfig(), clients, data.num_classes, seed=0)

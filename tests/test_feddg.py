@@ -88,7 +88,7 @@ def test_bad_options_are_user_errors():
 
 
 def _client(params=None):
-    data = load_data(DataConfig(family="appearance", domains=["grey", "colour", "texture"], per_domain=30))
+    data = load_data(DataConfig(dataset="digits", family="appearance", domains=["grey", "colour", "texture"], per_domain=30))
     ctx = dict(params=params or Params(batch_size=8), device="cpu", model_cfg=ModelConfig(), shape=(3, 28, 28, 10),
                seedseq=seed_sequence(0, "unit"), id="grey", party=1, domain=data.domain("grey"))
     client = FedDGClient(ctx)
@@ -135,7 +135,7 @@ def test_bank_in_ledger_is_the_clients_amplitude_and_relay_is_exact(run_toml, op
     sets = [f"methods.feddg.{k}={v!r}".replace("'", '"') for k, v in opts.items()]
     run = run_toml(TINY.format(engine="local"), *sets)
     led, p = Ledger.open(run), Params(**opts)
-    data = load_data(DataConfig(family="appearance", domains=["grey", "colour", "inverted", "texture"], per_domain=30))
+    data = load_data(DataConfig(dataset="digits", family="appearance", domains=["grey", "colour", "inverted", "texture"], per_domain=30))
     run_id = led.envelopes[0].run
     ups = led.select(phase="bank", kind="amplitude_bank", receiver="server")
     clients = sorted(e.sender for e in ups)

@@ -42,7 +42,7 @@ class Recording(FedAvgClient):
 
 
 def _client(norm="group", **train):
-    dom = load_data(DataConfig(domains=["rot15"], per_domain=25)).domains[0]          # 20 training images
+    dom = load_data(DataConfig(dataset="digits", domains=["rot15"], per_domain=25)).domains[0]          # 20 training images
     params = FedAvgParams(**train)
     ctx = dict(id="rot15", params=params, device="cpu", model_cfg=ModelConfig("cnn_small", norm),
                shape=(1, 28, 28, 10), seedseq=np.random.SeedSequence(0), party=1, domain=dom)
@@ -100,7 +100,7 @@ def _sgd_update(net, x, y, tp, steps=1):
 
 def test_label_recovery_on_a_hand_made_batch():
     torch.manual_seed(0)
-    d = load_data(DataConfig(domains=["rot0"], per_domain=100)).domains[0].train
+    d = load_data(DataConfig(dataset="digits", domains=["rot0"], per_domain=100)).domains[0].train
     tp = TrainParams(lr=0.05, momentum=0.9, weight_decay=5e-4)
     pr = Protocol.of(vars(tp))
     # iDLG, one image: the single row of grad W_last with a negative sum is the label (any class).

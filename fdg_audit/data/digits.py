@@ -48,6 +48,24 @@ def partition(n: int, n_domains: int, seed: int, per_domain: int) -> list[np.nda
     return [c[:per_domain] if per_domain else c for c in chunks]
 
 
+def domain_rows(cfg, labels: np.ndarray, n_domains: int, per_domain: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(rows, ids) of each domain under cfg.protocol: "disjoint" cuts a seeded permutation of the rows into one chunk
+    per domain (capped at per_domain); "standard" (Rotated MNIST, Ghifary et al. 2015) puts one balanced set of
+    per_domain rows (per_domain / 10 per class) into every domain, with ids made unique per domain (domain index x
+    number of rows + row)."""
+    n = len(labels)
+    if cfg.protocol == "disjoint":
+        return [(c, c) for c in partition(n, n_domains, cfg.split_seed, per_domain)]
+    if per_domain > n:
+        raise UserError(f"data.per_domain = {per_domain} exceeds the {n} images: use at most {n}")
+    rng = np.random.default_rng([cfg.split_seed, 4000])
+    classes = np.unique(labels)
+    per, extra = divmod(per_domain, len(classes))
+    common = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:per + (i < extra)]
+                                     for i, c in enumerate(classes)]))
+    return [(common, common + i * n) for i in range(n_domains)]
+
+
 def appearance(mask: torch.Tensor, style: str, rng: np.random.Generator) -> torch.Tensor:
     """Render (N, 1, H, W) digit masks in [0, 1] as (N, 3, H, W) images of one appearance domain."""
     n, _, h, w = mask.shape

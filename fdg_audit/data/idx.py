@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .base import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
-from .digits import FAMILIES, ROTATED, appearance, partition, rotate
+from .digits import FAMILIES, ROTATED, appearance, domain_rows, rotate
 from fdg_audit.errors import UserError
 
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -74,17 +74,17 @@ def load_idx_domains(cfg: DataConfig) -> DomainSet:
         raise UserError(f"IDX images in {root} are {tr_x.shape[1]}x{tr_x.shape[2]}: only square images are supported")
     images = np.concatenate([tr_x, te_x])
     labels = np.concatenate([tr_y, te_y]).astype(np.int64)
-    chunks = partition(len(labels), len(names), cfg.split_seed, cfg.per_domain or DEFAULT_PER_DOMAIN)
+    chunks = domain_rows(cfg, labels, len(names), cfg.per_domain or DEFAULT_PER_DOMAIN)
     scale = 255.0 if images.dtype == np.uint8 else 1.0
     domains = []
     for name in wanted:
         i = names.index(name)
-        ids = chunks[i]
-        x = torch.as_tensor(images[ids].astype(np.float32) / scale).unsqueeze(1).clamp(0.0, 1.0)
+        rows, ids = chunks[i]
+        x = torch.as_tensor(images[rows].astype(np.float32) / scale).unsqueeze(1).clamp(0.0, 1.0)
         if cfg.family == "rotated":
             x = rotate(x, ROTATED[name])
         else:
             x = appearance(x, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
-        domains.append(split_domain(name, x, labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
+        domains.append(split_domain(name, x, labels[rows], ids, cfg.val_fraction, [cfg.split_seed, i]))
     return DomainSet(f"{root.name}-{cfg.family}", domains, int(labels.max()) + 1,
                      1 if cfg.family == "rotated" else 3, int(images.shape[1]))

@@ -8,14 +8,18 @@ computes its metric on any resample of them, vectorised over bootstrap replicate
   * ``"balanced_acc"``: mean per-class recall of correctness ``x`` (0/1) by true class ``y`` over the classes
     present in the resample.
 
-Interval (``estimate``, ``paired``): the statistic of a cell is the mean over runs (targets x seeds) of each run's
-metric. A replicate redraws the items of every run with replacement (stratified by label for "auc") and
-recomputes each run's metric, averages over runs, and adds the runs' own effects redrawn with replacement:
-each run's deviation from the mean, shrunk so that its variance is the between-run variance left after removing
-the item noise (the sample variance of the run values minus the mean item-bootstrap variance; Davison & Hinkley
-1997, §3.8). So with seeds that agree the interval is the item bootstrap, and seeds that disagree widen it. The
-95% interval is the 2.5 / 97.5 percentiles of 2000 replicates. With 3 runs the between-run part rests on 3
-values: read it as indicative.
+Intervals across runs (``estimate``, ``paired``, ``compare``): the statistic of a cell is the mean over runs
+(targets x seeds) of each run's metric. Each run's metric already carries its items' noise, so the run values are
+independent draws whatever mixes item and run variation, and a Student-t interval over them has its nominal
+coverage with few runs (the two-stage bootstrap it replaces covered 80-88% at 3 runs; tests/test_scorecard.py).
+With strata (held-out targets) the mean is over strata of the stratum means and the variance is pooled within
+strata (Welch-Satterthwaite degrees of freedom), so a hard and an easy target do not count as noise. One run has no
+across-run interval: its interval is the item bootstrap (percentiles of 2000 replicates), labelled as such by the
+caller, and a difference on fewer than ``MIN_RUNS`` runs is "not testable".
+
+Calls (``compare``, ``holm``): a difference is "distinguishable" when its two-sided t-test p-value, Holm-adjusted
+over the family of comparisons a report makes (``holm``), is below 1 - level; ``signflip_p`` is the exact
+sign-flip test of the same differences, printed beside it.
 
 Held-out selection (``heldout``): several candidates (victim x round x attack x output) measure the same harm in
 one run; the maximum over them is biased upwards. Each item is assigned to half A or B by a hash of its id (the
@@ -31,6 +35,7 @@ import numpy as np
 
 LEVEL = 0.95
 N_BOOT = 2000
+MIN_RUNS = 3      # below this many paired runs a difference is "not testable"
 
 
 @dataclass
@@ -79,30 +84,14 @@ class Items:
         return np.concatenate([p[rng.integers(0, len(p), (b, len(p)))] for p in parts if len(p)], 1)
 
 
-def _replicates(per: np.ndarray, point: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """(b,) replicates of the mean over runs from each run's item-bootstrap replicates ``per`` (R, b) and its
-    point value ``point`` (R,): items are redrawn inside every run, and the runs' own effects (shrunk to the
-    between-run variance left after removing the item noise) are redrawn with replacement."""
-    R, b = per.shape
-    with warnings.catch_warnings():     # all-NaN runs (a run without items) are NaN here, not a warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        reps = np.nanmean(per, 0)
-        within = float(np.nanmean(np.nanvar(per, 1))) if R > 1 else 0.0
-    if R > 1:
-        e = point - point.mean()
-        s2 = e.var(ddof=1)
-        sb2 = max(0.0, s2 - within)           # between-run variance
-        if s2 > 0 and sb2 > 0:
-            e = e * np.sqrt(sb2 / s2 * R / (R - 1))
-            reps = reps + e[rng.integers(0, R, (b, R))].mean(1)
-    return reps
-
-
 def boot(runs: list[Items], b: int = N_BOOT, seed: int = 0) -> np.ndarray:
-    """(b,) bootstrap replicates of the mean over runs of each run's metric (see the module doc)."""
+    """(b,) item-bootstrap replicates of the mean over runs of each run's metric (items redrawn inside every run;
+    the runs themselves fixed: the interval of one run, or of these runs' items only)."""
     rng = np.random.default_rng(seed)
     per = np.stack([r.stat(r.resample(rng, b)) for r in runs])
-    return _replicates(per, np.array([r.stat() for r in runs], float), rng)
+    with warnings.catch_warnings():     # all-NaN runs (a run without items) are NaN here, not a warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(per, 0)
 
 
 def interval(reps: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -113,34 +102,125 @@ def interval(reps: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
     return float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
 
 
+def t_interval(values, conf: float = LEVEL, strata=None) -> tuple[float, float, float, int]:
+    """(mean, lo, hi, n) of finite values: the Student-t interval of their mean (see the module doc for strata).
+    One value: (v, nan, nan, 1)."""
+    m, se, df, n = _mean_se(values, strata)
+    if not n or not np.isfinite(se) or df < 1:
+        return m, float("nan"), float("nan"), n
+    from scipy.stats import t
+    h = float(t.ppf(0.5 + conf / 2, df)) * se
+    return m, m - h, m + h, n
+
+
+def _mean_se(values, strata=None) -> tuple[float, float, float, int]:
+    """(mean, its standard error, degrees of freedom, n) of the finite values, by strata when given."""
+    v = np.asarray(values, float)
+    st = np.zeros(len(v), int) if strata is None else np.asarray(strata)
+    keep = np.isfinite(v)
+    v, st = v[keep], st[keep]
+    n = len(v)
+    if not n:
+        return float("nan"), float("nan"), 0.0, 0
+    groups = [v[st == s] for s in dict.fromkeys(st.tolist())]
+    if len(groups) > 1 and all(len(g) > 1 for g in groups):      # mean of stratum means, within-stratum variance
+        k = len(groups)
+        terms = np.array([g.var(ddof=1) / len(g) / k ** 2 for g in groups])
+        se2 = terms.sum()
+        dfs = np.array([len(g) - 1 for g in groups])
+        df = se2 ** 2 / (terms ** 2 / dfs).sum() if se2 > 0 else float(dfs.sum())
+        return float(np.mean([g.mean() for g in groups])), float(np.sqrt(se2)), float(df), n
+    if n < 2:
+        return float(v.mean()), float("nan"), 0.0, n
+    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(n)), float(n - 1), n
+
+
+def t_test_p(values, strata=None) -> float:
+    """Two-sided p-value of the t-test that the mean (over strata) of the values is 0 (nan with < 2 values)."""
+    m, se, df, n = _mean_se(values, strata)
+    if n < 2 or df < 1:
+        return float("nan")
+    if se == 0:
+        return 1.0 if m == 0 else 0.0
+    from scipy.stats import t
+    return float(2 * t.sf(abs(m) / se, df))
+
+
+def signflip_p(values) -> float:
+    """Exact two-sided sign-flip p-value of the mean of paired differences (all 2^n sign patterns up to n = 16,
+    else 2^16 random ones): the share of patterns whose |mean| reaches the observed one."""
+    d = np.asarray(values, float)
+    d = d[np.isfinite(d)]
+    n = len(d)
+    if not n:
+        return float("nan")
+    if n <= 16:
+        signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
+    else:
+        signs = np.random.default_rng(0).choice([-1, 1], (2 ** 16, n))
+    stat = np.abs((signs * d).mean(1))
+    return float(np.mean(stat >= abs(d.mean()) - 1e-12))
+
+
+def holm(pvalues) -> list[float]:
+    """Holm's step-down adjusted p-values (NaN entries stay NaN and do not count in the family)."""
+    p = np.asarray(pvalues, float)
+    out = np.full(len(p), np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m, run = len(order), 0.0
+    for k, i in enumerate(order):
+        run = max(run, min(1.0, (m - k) * p[i]))
+        out[i] = run
+    return out.tolist()
+
+
+def compare(diffs, conf: float = LEVEL, strata=None) -> dict:
+    """A paired difference over runs: mean, Student-t interval, number of runs, t-test and sign-flip p-values,
+    and the unadjusted call ("not testable" below MIN_RUNS runs). Adjust a family's calls with ``holm_calls``."""
+    m, lo, hi, n = t_interval(diffs, conf, strata)
+    p = t_test_p(diffs, strata) if n >= MIN_RUNS else float("nan")
+    return dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), call=_call(p, n, conf))
+
+
+def _call(p: float, n: int, conf: float = LEVEL) -> str:
+    if n < MIN_RUNS or not np.isfinite(p):
+        return "not testable"
+    return "distinguishable" if p < 1 - conf else "not distinguishable"
+
+
+def holm_calls(comparisons: list[dict], conf: float = LEVEL) -> list[dict]:
+    """The comparisons with ``p_holm`` (Holm over the testable ones) and their calls made on it."""
+    adj = holm([c["p"] for c in comparisons])
+    return [c | dict(p_holm=a, call=_call(a, c["n"], conf)) for c, a in zip(comparisons, adj)]
+
+
 def estimate(runs: list[Items], seed: int = 0) -> tuple[float, float, float]:
-    """(mean over runs, ci_low, ci_high)."""
+    """(mean over runs, ci_low, ci_high): Student-t over the runs' values; one run: the item bootstrap."""
     if not runs:
         return float("nan"), float("nan"), float("nan")
-    return (float(np.nanmean([r.stat() for r in runs])),) + interval(boot(runs, seed=seed))
+    vals = np.array([r.stat() for r in runs], float)
+    if np.isfinite(vals).sum() >= 2:
+        return t_interval(vals)[:3]
+    return (float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan"),) + interval(boot(runs, seed=seed))
 
 
-def paired(a: list[Items], f: list[Items], seed: int = 0) -> tuple[float, float, float]:
-    """Mean over paired runs of a's metric minus f's, with its interval (items redrawn in both, the per-run
-    differences' own effects redrawn as in ``boot``)."""
-    if not a:
-        return float("nan"), float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    per = np.stack([x.stat(x.resample(rng, N_BOOT)) - y.stat(y.resample(rng, N_BOOT)) for x, y in zip(a, f)])
-    point = np.array([x.stat() - y.stat() for x, y in zip(a, f)], float)
-    return (float(np.nanmean(point)),) + interval(_replicates(per, point, rng))
+def paired(a: list[Items], f: list[Items], seed: int = 0) -> dict:
+    """``compare`` of the per-run differences of a's metric minus f's (paired runs); one pair: the item
+    bootstrap interval of the difference, "not testable"."""
+    d = np.array([x.stat() - y.stat() for x, y in zip(a, f)], float)
+    out = compare(d)
+    if out["n"] == 1:
+        rng = np.random.default_rng(seed)
+        (x, y), = [(x, y) for x, y in zip(a, f) if np.isfinite(x.stat() - y.stat())]
+        out["lo"], out["hi"] = interval(x.stat(x.resample(rng, N_BOOT)) - y.stat(y.resample(rng, N_BOOT)))
+    return out
 
 
-def paired_values(a: np.ndarray, f: np.ndarray, strata: np.ndarray | None = None, seed: int = 0
-                  ) -> tuple[float, float, float]:
-    """Paired difference of per-unit values (e.g. accuracy per (target, seed)): the mean over strata (targets) of
-    the mean difference, and a bootstrap interval that redraws units within each stratum (seeds within targets)."""
-    d = np.asarray(a, float) - np.asarray(f, float)
-    strata = np.zeros(len(d), int) if strata is None else np.asarray(strata)
-    groups = [np.flatnonzero(strata == s) for s in dict.fromkeys(strata.tolist())]
-    rng = np.random.default_rng(seed)
-    reps = np.mean([d[g][rng.integers(0, len(g), (N_BOOT, len(g)))].mean(1) for g in groups], 0)
-    return (float(np.mean([d[g].mean() for g in groups])),) + interval(reps)
+def paired_values(a: np.ndarray, f: np.ndarray, strata: np.ndarray | None = None) -> dict:
+    """``compare`` of paired per-unit values (e.g. accuracy per (target, seed)), stratified by ``strata``
+    (targets): the mean over targets of the mean difference."""
+    return compare(np.asarray(a, float) - np.asarray(f, float), strata=strata)
 
 
 def half(ids: np.ndarray, salt: int = 0) -> np.ndarray:

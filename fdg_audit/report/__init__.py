@@ -75,7 +75,10 @@ def _ci(r: dict, key: str = "", digits: int | None = None) -> str:
     sign = "+" if key == "diff_fedavg" else ""
     f = lambda x: f"{_num(x):{sign}.{d}f}"  # noqa: E731
     same = lo == hi
-    return f(v) + ("" if lo in ("", None) or same else f" [{f(lo)}, {f(hi)}]")
+    out = f(v) + ("" if lo in ("", None) or same or _num(lo) != _num(lo) else f" [{f(lo)}, {f(hi)}]")
+    if key == "diff_fedavg" and r.get("diff_call"):
+        out += f" (n = {r['diff_n']}, {r['diff_call']})"
+    return out
 
 
 def headline(root) -> str:
@@ -194,20 +197,24 @@ def _scorecard_md(res, card) -> list[str]:
           "the images/candidates and scored on the other half (selection \"heldout\"; \"heldout-ranked\" when a "
           "hash split of few items left a half empty; \"single\" when there is one candidate; \"mean\" of the "
           "candidates when there is one item), then the mean over runs. **baseline**: the trivial attack (mean or flat image, chance, "
-          "prior), chosen and scored the same way. Brackets: 95% bootstrap interval over the items of each run "
-          "and over runs (fdg_audit/metrics/stats.py). **Δ FedAvg**: this cell minus FedAvg's cell, paired by "
-          "target and seed: the leakage (or accuracy) a method adds by what it sends beyond FedAvg's weights. "
+          "prior), chosen and scored the same way. Brackets: 95% Student-t interval over the runs' values (one "
+          "run: the bootstrap over its items; fdg_audit/metrics/stats.py). **Δ FedAvg**: this cell minus FedAvg's "
+          "cell, paired by target and seed: the leakage (or accuracy) a method adds by what it sends beyond "
+          "FedAvg's weights, with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of "
+          "the scorecard (below 3 runs: not testable). **converged**: runs whose selected round is before the last "
+          "10% of their rounds, of all runs. "
           "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
         body = [[r["method"] + r["variant"], r["harm"], r["adversary"] or "—", r["metric"], _ci(r),
                  _ci(r, "baseline"), _ci(r, "diff_fedavg"),
                  f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["assumes"] or "—", r["control"],
                  r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
-                 r["epsilon"]]
+                 r["epsilon"], r.get("converged") or "—"]
                 for r in card if r["dataset"] == ds]
         md += [f"### {ds}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
                                           "baseline [95% CI]", "Δ FedAvg [95% CI]", "attack (artifact)",
-                                          "attacker assumes", "control", "selection", "runs / items", "ε"], body), ""]
+                                          "attacker assumes", "control", "selection", "runs / items", "ε",
+                                          "converged"], body), ""]
     return md
 
 
@@ -216,15 +223,19 @@ def _differences_md(res) -> list[str]:
     if not diffs:
         return []
     md = ["### Which accuracy differences are real", "",
-          "Paired by held-out target and seed: the mean difference of held-out accuracy and its 95% interval "
-          "(seeds redrawn within each target). An interval that excludes 0 is distinguishable from zero.", ""]
+          "Paired by held-out target and seed: the mean over targets of the difference of held-out accuracy, its "
+          "95% Student-t interval (stratified by target) and n, the number of paired runs; p is the t-test's "
+          f"p-value Holm-adjusted over the {len(diffs)} comparisons of this report. Distinguishable: adjusted "
+          "p < 0.05; below 3 paired runs a difference is not testable.", ""]
     for ds in dict.fromkeys(d["dataset"] for d in diffs):
         rs = [d for d in diffs if d["dataset"] == ds]
-        say = lambda real: "; ".join(f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"  # noqa: E731
-                                     for d in rs if d["distinguishable"] == real) or "none"
-        yes, no = say(True), say(False)
-        md += [f"- **{ds}** ({rs[0]['n']} paired runs): distinguishable from zero: {yes}. "
-               f"Not distinguishable: {no}."]
+        say = lambda call: "; ".join(  # noqa: E731
+            f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']}, "
+            f"p = {d['p_holm']:.3g})" if call != "not testable" else f"{d['a']} − {d['b']} (n = {d['n']})"
+            for d in rs if d["call"] == call) or "none"
+        md += [f"- **{ds}**: distinguishable: {say('distinguishable')}. Not distinguishable: "
+               f"{say('not distinguishable')}." + (f" Not testable: {say('not testable')}."
+                                                  if any(d["call"] == "not testable" for d in rs) else "")]
     return md + [""]
 
 

@@ -10,8 +10,8 @@
     fdg_audit.metrics.stats.heldout), or scored on all items when there is one candidate ("single"); with few items see ``heldout``
     ("heldout-ranked", "mean", "first"). Estimates
     (label counts, dataset size) have one value per victim, so their items are the victims. The value is the mean
-    over runs; ci_low/ci_high: the 95% two-stage bootstrap (runs, then items within each run;
-    fdg_audit.metrics.stats).
+    over runs; ci_low/ci_high: the 95% Student-t interval over the runs' values (n_runs of them; one run: the item
+    bootstrap; fdg_audit.metrics.stats).
   * baseline: the trivial attack's value, chosen and scored the same way on its own per-item values where it has
     them (reconstruction: mean / flat images; dataset size: the attacker's own public set size), else the constant
     of leakage.csv (0.5 AUC, chance 1/K), whose interval is that constant.
@@ -36,8 +36,9 @@ from ..metrics import stats as S
 from . import tables as T
 
 FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "adversary", "metric", "value", "ci_low", "ci_high",
-          "baseline", "baseline_ci_low", "baseline_ci_high", "diff_fedavg", "diff_ci_low", "diff_ci_high", "attack",
-          "artifact", "assumes", "control", "selection", "n_runs", "n_items"]
+          "baseline", "baseline_ci_low", "baseline_ci_high", "diff_fedavg", "diff_ci_low", "diff_ci_high", "diff_n",
+          "diff_p_holm", "diff_call", "attack", "artifact", "assumes", "control", "selection", "n_runs", "n_items",
+          "converged"]
 HARMS = {"reconstruction": ("psnr",), "membership": ("auc",), "domain": ("domain_balanced_acc",),
          "class": ("class_balanced_acc", "label_acc"), "label_distribution": ("label_dist_acc",),
          "dataset_size": ("n_samples_rel_error",)}
@@ -154,29 +155,30 @@ def scorecard(res: T.Results) -> list[dict]:
                     epsilon=_fmt(eps[g]) if g in eps else "inf")
     rows = []
     # accuracy
-    acc = defaultdict(dict)
+    acc = _accuracy(res)
+    conv = defaultdict(list)
     for r in res.ok:
-        if r.get("target_acc") is not None:
-            acc[T.gkey(r)][(r["target"], r["seed"])] = float(r["target_acc"])
+        if r.get("converged") not in (None, ""):
+            conv[T.gkey(r)].append(str(r["converged"]).lower() in ("true", "1"))
     for g in res.groups():
         if g not in acc:
             continue
         keys = sorted(acc[g])
         v = np.array([acc[g][k] for k in keys])
         strata = np.array([k[0] for k in keys])
-        m, lo, hi = S.paired_values(v, np.zeros_like(v), strata)
+        m, lo, hi, _ = S.t_interval(v, strata=strata)
         k = next((r.get("num_classes") for r in res.ok if T.gkey(r) == g), None)
         row = base_row(g, "accuracy", "", "target_acc") | dict(
             value=_fmt(m), ci_low=_fmt(lo), ci_high=_fmt(hi), baseline=_fmt(1 / k if k else np.nan),
             baseline_ci_low=_fmt(1 / k if k else np.nan), baseline_ci_high=_fmt(1 / k if k else np.nan),
-            control="none", selection="", n_runs=len(keys), n_items="", attack="", artifact="", assumes="")
+            control="none", selection="", n_runs=len(keys), n_items="", attack="", artifact="", assumes="",
+            converged=f"{sum(conv[g])}/{len(conv[g])}" if conv[g] else "")
         f = fedavg(g)
         if f is not None and f != g:
             common = [k for k in keys if k in acc[f]]
             if common:
-                d = S.paired_values(np.array([acc[g][k] for k in common]), np.array([acc[f][k] for k in common]),
-                                    np.array([k[0] for k in common]))
-                row |= dict(diff_fedavg=_fmt(d[0]), diff_ci_low=_fmt(d[1]), diff_ci_high=_fmt(d[2]))
+                row["_d"] = S.paired_values(np.array([acc[g][k] for k in common]),
+                                            np.array([acc[f][k] for k in common]), np.array([k[0] for k in common]))
         rows.append(row)
     # leakage
     cells = _candidates(res)
@@ -211,19 +213,31 @@ def scorecard(res: T.Results) -> list[dict]:
             fr = {tag(r): s for r, s in fsel.items() if fsel[r]["ok"]}
             pairs = [(s["items"], fr[tag(r)]["items"]) for r, s in sel.items() if tag(r) in fr]
             if pairs:
-                d = S.paired([a for a, _ in pairs], [b for _, b in pairs])
-                row |= dict(diff_fedavg=_fmt(d[0]), diff_ci_low=_fmt(d[1]), diff_ci_high=_fmt(d[2]))
+                strata = [tag(r)[0] for r, s in sel.items() if tag(r) in fr]
+                d = np.array([a.stat() - b.stat() for a, b in pairs], float)
+                row["_d"] = S.compare(d, strata=strata) if len(pairs) > 1 else S.paired(*map(list, zip(*pairs)))
         rows.append(row)
+    with_d = [r for r in rows if "_d" in r]
+    for r, d in zip(with_d, S.holm_calls([r["_d"] for r in with_d])):   # Holm over every Δ of the scorecard
+        r |= dict(diff_fedavg=_fmt(d["mean"]), diff_ci_low=_fmt(d["lo"]), diff_ci_high=_fmt(d["hi"]), diff_n=d["n"],
+                  diff_p_holm=_fmt(d["p_holm"]), diff_call=d["call"])
     return [{k: r.get(k, "") for k in FIELDS} for r in rows]
 
 
-def accuracy_differences(res: T.Results) -> list[dict]:
-    """Every pair of methods of a dataset (and variant): the paired difference of held-out accuracy by target
-    and seed with its interval, and whether the interval excludes zero."""
+def _accuracy(res: T.Results) -> dict:
+    """{group: {(target, seed): held-out accuracy}} of the finished runs."""
     acc = defaultdict(dict)
     for r in res.ok:
         if r.get("target_acc") is not None:
             acc[T.gkey(r)][(r["target"], r["seed"])] = float(r["target_acc"])
+    return acc
+
+
+def accuracy_differences(res: T.Results) -> list[dict]:
+    """Every pair of methods of a dataset (and variant): the paired difference of held-out accuracy by target
+    and seed (``stats.paired_values``: mean over targets, Student-t interval stratified by target, n paired runs),
+    Holm-adjusted over all the pairs of the report, and its call."""
+    acc = _accuracy(res)
     out, gs = [], [g for g in res.groups() if g in acc]
     for i, a in enumerate(gs):
         for b in gs[i + 1:]:
@@ -232,11 +246,10 @@ def accuracy_differences(res: T.Results) -> list[dict]:
             common = sorted(set(acc[a]) & set(acc[b]))
             if not common:
                 continue
-            d, lo, hi = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
-                                        np.array([k[0] for k in common]))
-            out.append(dict(dataset=a[0], a=res.label(a), b=res.label(b), diff=d, lo=lo, hi=hi, n=len(common),
-                            distinguishable=bool(lo > 0 or hi < 0)))
-    return out
+            d = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
+                                np.array([k[0] for k in common]))
+            out.append(dict(d, dataset=a[0], a=res.label(a), b=res.label(b), diff=d["mean"]))
+    return S.holm_calls(out)
 
 
 def per_victim(res: T.Results, metric: str = "psnr") -> list[dict]:
