@@ -355,7 +355,7 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     assert rows[("feddg", "reconstruction")]["Δ FedAvg [95% CI]"].startswith(f"{float(dg['diff_fedavg']):+.1f} [")
     assert rows[("feddg", "accuracy")]["value [95% CI]"].startswith(f"{float(acc['value']):.3f}")
     # in words: feddg is 0.1 more accurate on every target and seed
-    assert "distinguishable from zero: fedavg − feddg = -0.100" in md
+    assert "distinguishable: fedavg − feddg = -0.100 [-0.100, -0.100] (n = 6, p = 0)" in md
     h = headline(root)
     assert f"server: {float(dg['value']):.1f} [" in h and "Δ +0.100" in h
     assert "plots/tradeoff_digits_reconstruction.png" in md
