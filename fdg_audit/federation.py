@@ -17,6 +17,8 @@ generator) and torch's global RNG from that child, so both engines give identica
 """
 from __future__ import annotations
 
+import math
+
 import multiprocessing as mp
 import zlib
 from dataclasses import dataclass, field
@@ -468,9 +470,10 @@ def cohort_on(params) -> bool:
 def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_round=None, truth_sink=None) -> dict:
     """Run one federation (one method, one held-out target, one seed) and evaluate it.
 
-    Evaluation is the harness's, not a party's: after every round it measures the global model on the
-    pooled source validation splits and on the whole held-out domain. The reported round is the one with
-    the best source-validation accuracy (DomainBed's training-domain validation), never the best target."""
+    Evaluation is the harness's, not a party's: every ``eval_every`` rounds (and after the last) it measures the
+    global model on the pooled source validation splits and on the whole held-out domain. The reported round is
+    chosen on source validation only (DomainBed's training-domain validation), never on the target: see
+    ``select_round``."""
     from .plugins import load_method
     method = load_method(spec.method)
     if truth_sink is not None:  # truth_sink(run_id, client, name, arrays); a client knows only its own id
@@ -524,7 +527,7 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
             row = {"round": t, "bytes": bus.sent.get(t, 0)}
             if fraction < 1.0:
                 row["asked"] = len(server.active)
-            if t > 0:
+            if t > 0 and (t % max(1, spec.params.eval_every) == 0 or t == spec.params.rounds):
                 m = server.global_model()
                 row.update(source_val_acc=accuracy(m, val, spec.device), target_acc=accuracy(m, tgt, spec.device))
             history.append(row)
@@ -532,7 +535,23 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
                 on_round(row)
     finally:
         link.close()
-    best = max((r for r in history if r["round"] > 0), key=lambda r: (r["source_val_acc"], r["round"]))
+    best, converged = select_round(history, len(val), spec.params.rounds)
     return {"history": history, "selected_round": best["round"], "target_acc": best["target_acc"],
             "source_val_acc": best["source_val_acc"], "final_target_acc": history[-1]["target_acc"],
-            "clients": cids}
+            "converged": converged, "clients": cids}
+
+
+LATE = 0.1   # a run whose selected round is in the last 10% of its rounds has not converged
+
+
+def select_round(history: list[dict], n_val: int, rounds: int) -> tuple[dict, bool]:
+    """(the selected evaluation row, converged). Training-domain validation with the one-standard-error rule
+    (Breiman et al. 1984): the earliest evaluated round whose source-validation accuracy is within one binomial
+    standard error, sqrt(a (1 - a) / n_val), of the best one a. On a plateau the validation noise would otherwise
+    make the argmax land anywhere on it, the last rounds included; before the plateau the best round is the last
+    one either way. converged: the selected round is before the last ``LATE`` share of the rounds."""
+    ev = [r for r in history if "source_val_acc" in r]
+    a = max(r["source_val_acc"] for r in ev)
+    se = math.sqrt(a * (1 - a) / max(1, n_val))
+    best = next(r for r in ev if r["source_val_acc"] >= a - se - 1e-12)
+    return best, best["round"] <= rounds - max(1, math.ceil(LATE * rounds))

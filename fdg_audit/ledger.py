@@ -110,10 +110,13 @@ def parse_envelope(line: bytes | str, where: str) -> Envelope:
 
 
 class Ledger:
-    def __init__(self, root: str | Path, store: str | list[str] = "all", rounds: list[int] = ()):
+    def __init__(self, root: str | Path, store: str | list[str] = "all", rounds: list[int] = (),
+                 file: str = "messages.jsonl"):
         """``store``: "all", "none" or a list of artifact kinds whose payload bytes are kept; ``rounds``: if
-        given, only payloads of these rounds are kept. Envelopes (with sizes and hashes) are always recorded."""
+        given, only payloads of these rounds are kept. Envelopes (with sizes and hashes) are always recorded.
+        ``file``: where the lines go (a parallel run's worker writes its own, which the driver then appends)."""
         self.root = Path(root)
+        self.file = self.root / file
         self.root.mkdir(parents=True, exist_ok=True)
         self.store, self.rounds = store, list(rounds)
         self._envs: list[Envelope] | None = None     # None: envelopes live in messages.jsonl only (streamed)
@@ -160,11 +163,15 @@ class Ledger:
         if self._keep(env) and not p.exists():
             atomic_write(p, data)
         env.stored, env.prev = p.exists(), self.heads.get(env.run, "")
-        line = env.to_json()
+        self.append_line(env.to_json(), env.run)
+
+    def append_line(self, line: str, run: str | None = None) -> None:
+        """Append one envelope line as is (its ``prev`` already set) and move its run's chain head."""
         if self._fd is None:
-            self._fd = os.open(self.root / "messages.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(self._fd, (line + "\n").encode())      # one write: a kill leaves at most a torn last line
-        self.heads[env.run] = line_hash(line)
+        self.heads[run or json.loads(line)["run"]] = line_hash(line)
         self.count += 1
 
     def close(self) -> None:

@@ -61,6 +61,7 @@ class TrainParams:
     weight_decay: float = 5e-4
     participation: float = 1.0    # fraction of clients asked each training round (seeded sample; fdg_audit.federation)
     cohort: str = "loop"          # loop | vmap (clients trained as one stacked model, fdg_audit.cohort) | auto (vmap on CUDA)
+    eval_every: int = 1           # the harness evaluates the global model every k rounds (and after the last)
 
 
 def make_optimizer(p: TrainParams, params) -> torch.optim.Optimizer:

@@ -146,18 +146,19 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     summary = {"scenario": sc0.name, "runs": []}
     again = f"python -m fdg_audit scenario {shlex.join([str(path)] + (['--set', *sets] if sets else []))} " \
             f"--resume {shlex.quote(str(root))}"
-    i = 0
+    i, todo = 0, [(i, r) for i, r in enumerate(runs) if r["run_id"] not in done]
+    results = _parallel(todo, runs, root, quiet) if sc0.parallel > 1 and len(todo) > 1 else \
+        ((i, r, lambda i=i, r=r: _one_run(i, r, runs, ledger, sink, rows_by, quiet)) for i, r in todo)
     try:
-        for i, r in enumerate(runs):
-            if r["run_id"] in done:
-                continue
-            infos[r["run_id"]] = _one_run(i, r, runs, ledger, sink, rows_by, quiet)
+        for i, r, finish in results:
+            infos[r["run_id"]] = finish(ledger, rows_by) if sc0.parallel > 1 and len(todo) > 1 else finish()
             summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
             _write_csv(root / "metrics.csv", [row for x in runs for row in rows_by.get(x["run_id"], [])])
             atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
             if any(x["privacy"] for x in runs):
                 atomic_write(root / "privacy.csv", privacy_csv(ledger.stream()))
     except KeyboardInterrupt:
+        _parallel_stop()
         ledger.close()
         n = sum(s["status"] == "ok" for s in infos.values())
         raise UserError(f"interrupted during run {i + 1}/{len(runs)} ({runs[i]['run_id']}): {n} of {len(runs)} runs "
@@ -180,6 +181,83 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         failed = [r["run"] for r in summary["runs"] if r["status"] != "ok"]
         raise RuntimeError(f"{len(failed)} run(s) failed (see {root / 'summary.json'}): {', '.join(failed)}")
     return root
+
+
+_POOL = []   # the worker pool of parallel runs, so Ctrl-C can stop it
+
+
+def _parallel_stop() -> None:
+    """Stop the parallel runs' workers at once (their unfinished runs are dropped, as an interrupted run is)."""
+    while _POOL:
+        pool = _POOL.pop()
+        for p in list(getattr(pool, "_processes", {}).values()):
+            p.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _parallel(todo: list, runs: list, root: Path, quiet: bool):
+    """Train ``todo`` (index, run) in ``parallel`` worker processes (forkserver), yielding them in plan order as
+    (i, run, finish); ``finish(ledger, rows_by)`` appends the run's ledger lines (written by the worker to
+    parts/<i>.jsonl, with its own hash chain) to messages.jsonl and returns its summary entry. Each run's records
+    are those of the run trained alone with the same threads: its chain and payloads do not depend on the others,
+    and messages.jsonl holds the runs in plan order."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    sc0 = runs[0]["sc"]
+    pool = ProcessPoolExecutor(sc0.parallel, mp_context=mp.get_context("forkserver"))
+    _POOL.append(pool)
+    light = lambda r: {k: v for k, v in r.items() if k != "data"}  # noqa: E731  (workers load their own data)
+    futs = [(i, r, pool.submit(_worker_run, i, light(r), len(runs), str(root), sc0.store, sc0.store_rounds))
+            for i, r in todo]
+    for i, r, fut in futs:
+        def finish(ledger: Ledger, rows_by: dict, i=i, r=r, fut=fut) -> dict:
+            info, rows = fut.result()
+            part = root / "parts" / f"{i}.jsonl"
+            if part.exists():
+                for line in part.read_bytes().splitlines():
+                    ledger.append_line(line.decode())
+                part.unlink()
+            if rows:
+                rows_by[r["run_id"]] = rows
+            if info["status"] == "ok" and not quiet:
+                _say_run(i, len(runs), r, info)
+            return info
+        yield i, r, finish
+    pool.shutdown()
+    _POOL.remove(pool)
+    if (root / "parts").is_dir() and not any((root / "parts").iterdir()):
+        (root / "parts").rmdir()
+
+
+_DATA = {}   # a worker's data sets, loaded once per data configuration
+
+
+def _worker_run(i: int, r: dict, n_runs: int, root: str, store, store_rounds) -> tuple[dict, list]:
+    """One run in a worker process: its own ledger file parts/<i>.jsonl in the run folder (payloads and truth go
+    where the in-process run puts them); returns (summary entry, metrics rows)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the driver's to handle
+    from .data import load_data
+    key = json.dumps(asdict(r["ds"]), sort_keys=True, default=str)
+    if key not in _DATA:
+        _DATA[key] = load_data(r["ds"])
+    r = dict(r, data=_DATA[key])
+    ledger = Ledger(root, store=store, rounds=store_rounds, file=f"parts/{i}.jsonl")
+    rows_by = {}
+    try:
+        info = _one_run(i, r, [None] * n_runs, ledger, truth_writer(Path(root)), rows_by, quiet=True)
+    finally:
+        ledger.close()
+    return info, rows_by.get(r["run_id"], [])
+
+
+def _say_run(i: int, n: int, r: dict, info: dict) -> None:
+    """One line per finished run on stderr when it is not a TTY (batch jobs; a TTY has the progress bar)."""
+    if sys.stderr.isatty() and r["sc"].parallel <= 1:
+        return
+    print(f"[{i + 1}/{n}] {r['run_id']}: held-out acc {info['target_acc']:.3f} (round "
+          f"{info['selected_round']}/{r['params'].rounds}{'' if info['converged'] else ', NOT CONVERGED'}), "
+          f"{info['seconds']:.1f} s", file=sys.stderr, flush=True)
 
 
 def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:
@@ -211,12 +289,14 @@ def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, qui
         raise
     except Exception as e:  # keep finished runs; record the failure and go on
         info.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        print(f"run {r['run_id']} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"run {r['run_id']} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     else:
         info.update(status="ok", seconds=round(time.time() - t0, 2), chain_head=ledger.heads.get(r["run_id"], ""),
                     **{k: v for k, v in res.items() if k != "history"})
         rows_by[r["run_id"]] = [{k: info[k] for k in ("run", "dataset", "method", "variant", "target", "seed")} | h
                                 for h in res["history"]]
+        if not quiet:
+            _say_run(i, len(runs), r, info)
     return info
 
 

@@ -50,7 +50,8 @@ class Scenario:
     seeds: list = field(default_factory=lambda: [0])
     device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
     engine: str = "local"         # local | process (worker processes) | ray (Ray actors); same ledger
-    threads: int = 0              # torch threads; 0 = leave torch's default
+    threads: int = 0              # torch threads per run; 0 = leave torch's default
+    parallel: int = 1             # runs trained at once, each in its own worker process (same ledger as 1)
     workers: int = 0              # process/ray: workers (processes or Ray actors) hosting the clients; 0 = one per CPU
     worker_threads: int = 1       # process/ray: torch threads per worker
     ray: dict = field(default_factory=dict)   # engine = "ray": address, num_cpus, num_gpus per actor (ray_engine.py)
@@ -180,6 +181,11 @@ def check_engine(sc: Scenario) -> None:
         raise UserError(f"worker_threads = {sc.worker_threads}: use an integer >= 1 (torch threads per worker)")
     if sc.threads < 0:
         raise UserError(f"threads = {sc.threads}: use 0 (torch's default) or a positive number of threads")
+    if not 1 <= sc.parallel <= 64:
+        raise UserError(f"parallel = {sc.parallel}: use 1 (runs one after another) up to 64 runs at once")
+    if sc.parallel > 1 and sc.engine != "local":
+        raise UserError(f"parallel = {sc.parallel} with engine = {sc.engine!r}: parallel runs use the local engine; "
+                        f"set parallel = 1 or engine = \"local\"")
     sc.ray = ray_options(sc.ray)
 
 
@@ -225,7 +231,7 @@ def method_params(method, entry: MethodEntry, train: dict):
     where = f"methods.{entry.label}"
     if p.optimizer not in ("sgd", "adam"):
         raise UserError(f"{where}.optimizer = {p.optimizer!r}: use \"sgd\" or \"adam\"")
-    for key in ("rounds", "batch_size"):
+    for key in ("rounds", "batch_size", "eval_every"):
         if getattr(p, key) < 1:
             raise UserError(f"{where}.{key} = {getattr(p, key)!r}: use an integer >= 1")
     if p.local_epochs < 0 or p.local_steps < 0 or (p.local_epochs == 0 and p.local_steps == 0):
