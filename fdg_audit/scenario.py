@@ -66,6 +66,8 @@ class Scenario:
     attacks: list = field(default_factory=list)   # [[attacks]] tables, or "all" (every applicable attack)
     sweep: dict = field(default_factory=dict)
     privacy: dict = field(default_factory=dict)   # [privacy]: DP-SGD, artifact mechanisms, canaries (fdg_audit.privacy)
+    reference: dict = field(default_factory=dict)  # published numbers the report prints beside the measured ones:
+                                                   # source = "...", values = { <method label> = accuracy in [0, 1] }
 
 
 def parse_value(text: str):
@@ -181,6 +183,13 @@ def check_engine(sc: Scenario) -> None:
         raise UserError(f"worker_threads = {sc.worker_threads}: use an integer >= 1 (torch threads per worker)")
     if sc.threads < 0:
         raise UserError(f"threads = {sc.threads}: use 0 (torch's default) or a positive number of threads")
+    ref = sc.reference
+    if set(ref) - {"source", "values"} or not isinstance(ref.get("source", ""), str) or \
+            not isinstance(ref.get("values", {}), dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                for v in ref.get("values", {}).values()):
+        raise UserError("[reference] takes source = \"...\" and values = { <method label> = accuracy in [0, 1] }: "
+                        "fix the table")
     if not 1 <= sc.parallel <= 64:
         raise UserError(f"parallel = {sc.parallel}: use 1 (runs one after another) up to 64 runs at once")
     if sc.parallel > 1 and sc.engine != "local":

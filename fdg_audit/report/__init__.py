@@ -124,18 +124,29 @@ def _img(name: str, alt: str) -> str:
 
 def _accuracy_md(res, acc, files) -> list[str]:
     keys = T.sweep_keys(res)
+    ref = res.reference.get("values", {})
     md = ["## Held-out accuracy", "",
           "Accuracy on the held-out (unseen) domain at the round selected on the pooled source-validation "
-          "splits. Per target: mean ± sample std over seeds; mean over targets: per seed the mean over "
-          "targets, then mean ± std over seeds. Chance is 1/classes.", ""]
+          "splits (the earliest round within one standard error of the best; fdg_audit.federation.select_round). "
+          "Per target: mean ± sample std over seeds; mean over targets: per seed the mean over targets, then mean ± "
+          "std over seeds; [95% CI]: Student-t over the runs, stratified by target, with n runs. converged: runs "
+          "whose selected round is before the last 10% of their rounds (a late selected round means still "
+          "improving: NOT CONVERGED). Chance is 1/classes.", ""]
+    if ref:
+        md += [f"Reference: {res.reference.get('source', '')}", ""]
     for ds in dict.fromkeys(r["dataset"] for r in acc):
         rows = [r for r in acc if r["dataset"] == ds]
         targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
-        head = ["method"] + [k.split(".")[-1] for k in keys] + targets + ["mean over targets", "seeds"]
+        head = ["method"] + [k.split(".")[-1] for k in keys] + targets + ["mean over targets", "[95% CI] (n)",
+                                                                        "seeds", "converged"] + \
+            (["reference"] if ref else [])
         body = [[r["method"] + ("" if keys else r["variant"])] + [r["sweep"].get(k, "") for k in keys]
                 + [fmt(r["targets"].get(t, T.stat([]))) for t in targets]
                 + [fmt(r["mean"]) + (f" (seeds {r['incomplete']} lack a target)" if r["incomplete"] else ""),
-                   len(r["seeds"])] for r in rows]
+                   f"[{r['ci'][1]:.3f}, {r['ci'][2]:.3f}] ({r['ci'][3]})" if r["ci"][1] == r["ci"][1] else
+                   f"({r['ci'][3]})", len(r["seeds"]),
+                   f"{r['converged']}/{r['runs']}" + ("" if r["converged"] == r["runs"] else " NOT CONVERGED")]
+                + ([f"{ref[r['method']]:.4g}" if r["method"] in ref else "—"] if ref else []) for r in rows]
         md += [f"### {ds}", "", md_table(head, body), ""]
         md += [_img(f, f"accuracy {ds}") for f in files if f.startswith(f"accuracy_{T.slug(ds)}.") or
                f.startswith(f"sweep_{T.slug(ds)}_")] + [""]

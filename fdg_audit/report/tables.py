@@ -102,6 +102,7 @@ class Results:
     items: list = field(default_factory=list)       # dict(attack, run, path): per-item values (attack._save_items)
     scenarios: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    reference: dict = field(default_factory=dict)   # the scenario's [reference]: published numbers to print beside
 
     @property
     def ok(self) -> list:
@@ -147,6 +148,16 @@ def _split_file(stem: str, runs: set) -> tuple | None:
     return None
 
 
+def _reference(root: Path) -> dict:
+    """The [reference] table of a run folder's config.resolved.toml (validated when the scenario was planned)."""
+    import tomllib
+    try:
+        ref = tomllib.loads((root / "config.resolved.toml").read_text()).get("reference", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+    return ref if isinstance(ref, dict) and isinstance(ref.get("values", {}), dict) else {}
+
+
 def load(run_dirs) -> Results:
     """Read one or many run folders. A run present in several folders is taken from the last one."""
     roots = [Path(d) for d in run_dirs]
@@ -160,6 +171,7 @@ def load(run_dirs) -> Results:
                             "(runs/<scenario>/<timestamp>)")
         s = json.loads(f.read_text())
         res.scenarios.append(s.get("scenario", root.name))
+        res.reference = _reference(root) or res.reference
         for r in s.get("runs", []):
             if r["run"] in chosen and r.get("status") == "ok":
                 res.notes.append(f"run {r['run']} appears in {roots[chosen[r['run']]]} and {root}: using {root}")
@@ -220,9 +232,13 @@ def accuracy_table(res: Results) -> list[dict]:
         for r in rs:
             acc[r["target"]][r["seed"]] = float(r["target_acc"])
         complete = [s for s in seeds if all(s in acc[t] for t in targets)]
+        from ..metrics.stats import t_interval
+        pairs = [(t, v) for t in targets for v in acc[t].values()]
         rows.append(dict(dataset=g[0], method=g[1], variant=g[2], key=g, sweep=rs[0].get("sweep") or {},
                          targets={t: stat(acc[t].values()) for t in targets},
                          mean=stat([float(np.mean([acc[t][s] for t in targets])) for s in complete]),
+                         ci=t_interval([v for _, v in pairs], strata=[t for t, _ in pairs]),
+                         converged=sum(r.get("converged") is not False for r in rs),
                          seeds=seeds, incomplete=[s for s in seeds if s not in complete], runs=len(rs),
                          num_classes=rs[0].get("num_classes")))
     return rows
