@@ -8,7 +8,7 @@ SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "feddg_vs_csac.to
 
 
 def test_named_scenario_runs_small(tmp_path, capsys):
-    tiny = ["seeds=[0]", "train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
+    tiny = ["seeds=[0]", "attacks.update_inversion.seeds=[0]", "train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
             "datasets.appearance.per_domain=24", "datasets.appearance.targets=[\"grey\"]",
             "datasets.appearance.domains=[\"grey\", \"colour\", \"texture\"]",
             "datasets.rotated.per_domain=24", "datasets.rotated.targets=[\"rot75\"]",
@@ -18,7 +18,7 @@ def test_named_scenario_runs_small(tmp_path, capsys):
             "attacks.amplitude_phase_retrieval.render_restarts=4", "attacks.amplitude_phase_retrieval.render_steps=[50, 50]",
             "attacks.all.exclude=[\"mia_lira\", \"mia_rmia\", \"mia_trajectory\", \"dp_audit_artifact\", \"dp_audit_client\", "
             "\"dp_audit_dpsgd\"]"]
-    argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:6], "--set", *tiny[6:]]
+    argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:7], "--set", *tiny[7:]]
     assert main(argv) == 0
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])
     summary = json.loads((root / "summary.json").read_text())
