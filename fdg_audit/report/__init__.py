@@ -201,6 +201,14 @@ def _leakage_md(res, leak, controls) -> list[str]:
     return md
 
 
+def _conv(c) -> str:
+    """"5/5", or "3/5 NOT CONVERGED" when some of a cell's runs selected a round in their last 10%."""
+    if not c:
+        return "—"
+    done, n = c.split("/")
+    return c if done == n else f"{c} NOT CONVERGED"
+
+
 def _scorecard_md(res, card) -> list[str]:
     md = ["## Privacy scorecard", "",
           "One row per method, harm and adversary (scorecard.csv). **value**: per run (held-out target × seed) "
@@ -220,7 +228,7 @@ def _scorecard_md(res, card) -> list[str]:
                  _ci(r, "baseline"), _ci(r, "diff_fedavg"),
                  f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["assumes"] or "—", r["control"],
                  r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
-                 r["epsilon"], r.get("converged") or "—"]
+                 r["epsilon"], _conv(r.get("converged"))]
                 for r in card if r["dataset"] == ds]
         md += [f"### {ds}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
                                           "baseline [95% CI]", "Δ FedAvg [95% CI]", "attack (artifact)",

@@ -167,6 +167,7 @@ def scorecard(res: T.Results) -> list[dict]:
         v = np.array([acc[g][k] for k in keys])
         strata = np.array([k[0] for k in keys])
         m, lo, hi, _ = S.t_interval(v, strata=strata)
+        lo, hi = max(lo, 0.0), min(hi, 1.0)          # an accuracy interval stays in [0, 1]
         k = next((r.get("num_classes") for r in res.ok if T.gkey(r) == g), None)
         row = base_row(g, "accuracy", "", "target_acc") | dict(
             value=_fmt(m), ci_low=_fmt(lo), ci_high=_fmt(hi), baseline=_fmt(1 / k if k else np.nan),

@@ -218,6 +218,12 @@ def sweep_keys(res: Results) -> list[str]:
     return list(dict.fromkeys(k for r in res.ok for k in (r.get("sweep") or {})))
 
 
+def _clip01(ci: tuple) -> tuple:
+    """(mean, lo, hi, n) with the interval cut to accuracy's range [0, 1] (NaN stays NaN)."""
+    m, lo, hi, n = ci
+    return m, lo if lo != lo else max(lo, 0.0), hi if hi != hi else min(hi, 1.0), n
+
+
 def accuracy_table(res: Results) -> list[dict]:
     """One row per group: per-target and mean-over-targets held-out accuracy (mean ± std over seeds)."""
     by = defaultdict(list)
@@ -237,7 +243,7 @@ def accuracy_table(res: Results) -> list[dict]:
         rows.append(dict(dataset=g[0], method=g[1], variant=g[2], key=g, sweep=rs[0].get("sweep") or {},
                          targets={t: stat(acc[t].values()) for t in targets},
                          mean=stat([float(np.mean([acc[t][s] for t in targets])) for s in complete]),
-                         ci=t_interval([v for _, v in pairs], strata=[t for t, _ in pairs]),
+                         ci=_clip01(t_interval([v for _, v in pairs], strata=[t for t, _ in pairs])),
                          converged=sum(r.get("converged") is not False for r in rs),
                          seeds=seeds, incomplete=[s for s in seeds if s not in complete], runs=len(rs),
                          num_classes=rs[0].get("num_classes")))
