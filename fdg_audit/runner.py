@@ -148,21 +148,22 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             f"--resume {shlex.quote(str(root))}"
     i, todo = 0, [(i, r) for i, r in enumerate(runs) if r["run_id"] not in done]
     results = _parallel(todo, runs, root, quiet) if sc0.parallel > 1 and len(todo) > 1 else \
-        ((i, r, lambda i=i, r=r: _one_run(i, r, runs, ledger, sink, rows_by, quiet)) for i, r in todo)
+        ((i, r, lambda led, rows, i=i, r=r: _one_run(i, r, runs, led, sink, rows, quiet)) for i, r in todo)
     try:
         for i, r, finish in results:
-            infos[r["run_id"]] = finish(ledger, rows_by) if sc0.parallel > 1 and len(todo) > 1 else finish()
+            infos[r["run_id"]] = finish(ledger, rows_by)
             summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
             _write_csv(root / "metrics.csv", [row for x in runs for row in rows_by.get(x["run_id"], [])])
             atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
             if any(x["privacy"] for x in runs):
                 atomic_write(root / "privacy.csv", privacy_csv(ledger.stream()))
     except KeyboardInterrupt:
-        _parallel_stop()
         ledger.close()
         n = sum(s["status"] == "ok" for s in infos.values())
         raise UserError(f"interrupted during run {i + 1}/{len(runs)} ({runs[i]['run_id']}): {n} of {len(runs)} runs "
                         f"finished in {root}; resume with: {again}") from None
+    finally:   # a parallel run's error or Ctrl-C: its workers stop at once, queued runs never start
+        _parallel_stop()
     ledger.close()
     summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
     summary["bytes"] = bytes_table(ledger.stream())
@@ -202,8 +203,10 @@ def _parallel(todo: list, runs: list, root: Path, quiet: bool):
     are those of the run trained alone with the same threads: its chain and payloads do not depend on the others,
     and messages.jsonl holds the runs in plan order."""
     import multiprocessing as mp
+    import shutil
     from concurrent.futures import ProcessPoolExecutor
     sc0 = runs[0]["sc"]
+    shutil.rmtree(root / "parts", ignore_errors=True)   # an interrupted run's part files are not records
     pool = ProcessPoolExecutor(sc0.parallel, mp_context=mp.get_context("forkserver"))
     _POOL.append(pool)
     light = lambda r: {k: v for k, v in r.items() if k != "data"}  # noqa: E731  (workers load their own data)
