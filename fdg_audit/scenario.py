@@ -206,7 +206,7 @@ def _attack_list(att) -> list:
     return att
 
 
-SHARED_ATTACK_KEYS = ("as_client", "max_victims", "targets")   # AttackParams: every attack takes them
+SHARED_ATTACK_KEYS = ("as_client", "max_victims", "targets", "seeds")   # AttackParams: every attack takes them
 
 
 def expand_attacks(entries: list) -> list:

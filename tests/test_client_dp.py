@@ -107,6 +107,8 @@ def test_central_mode_noise_and_refusal(run_toml):
     text = BASE.format(seed=0) + "[privacy.client]\nclip = 0.05\nnoise_multiplier = 0.7\nmode = \"central\"\n"
     with pytest.raises(UserError, match="uniform mean"):
         run_toml(text + '[[methods]]\nname = "csac"\n', name="a")
+    with pytest.raises(UserError, match="participation = 0.5.*too little noise"):   # sigma sqrt(f) otherwise
+        run_toml(text + '[[methods]]\nname = "fedavg"\nweighting = "uniform"\nparticipation = 0.5\n', name="c")
     root = run_toml(text + '[[methods]]\nname = "fedavg"\nweighting = "uniform"\n', name="b")
     for e, arrays, received in updates(root):
         upd = torch.cat([(v.double() - received[k].double()).flatten() for k, v in arrays.items()])

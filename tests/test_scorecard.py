@@ -210,6 +210,8 @@ def test_attacks_all_string_and_bad_keys():
     names = [a.name for a in sc.attacks]
     assert "mia_lira" not in names and names.count("update_inversion") == 1
     assert all(a.params.get("targets") == ["x"] for a in sc.attacks if a.name != "update_inversion")
+    sc = parse({"attacks": [{"name": "all", "seeds": [0, 1, 2]}]})     # seeds is a setting every attack has
+    assert all(a.params.get("seeds") == [0, 1, 2] for a in sc.attacks)
     with pytest.raises(UserError, match="not a setting every attack has"):
         parse({"attacks": [{"name": "all", "iterations": 5}]})
     with pytest.raises(UserError, match="not a registered attack"):

@@ -162,6 +162,11 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
             raise UserError(f"{where}: mode = \"central\" needs a server that takes the uniform mean of the updates "
                             f"(FedAvg's aggregate with weighting = \"uniform\"); method {method.name!r} does not: set "
                             f"weighting = \"uniform\" where the method has it, or use mode = \"local\"")
+        if c.sample_rate < 1.0:
+            raise UserError(f"{where}: mode = \"central\" with participation = {c.sample_rate}: each client adds "
+                            f"sigma C / sqrt(K) for K = {n_clients} clients, but the server averages only the "
+                            f"round(participation K) it asks, so the aggregate would carry too little noise; set "
+                            f"participation = 1.0, or use mode = \"local\"")
     if c.target_epsilon > 0:
         # rounds + 1 releases: covers a round-0 update (CSAC's acquisition); privacy.csv gives the realized epsilon
         c.noise_multiplier = calibrate(c.target_epsilon, delta, c.sample_rate, params.rounds + 1, accountant)
