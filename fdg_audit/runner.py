@@ -197,17 +197,18 @@ def _parallel_stop() -> None:
 
 
 def _parallel(todo: list, runs: list, root: Path, quiet: bool):
-    """Train ``todo`` (index, run) in ``parallel`` worker processes (forkserver), yielding them in plan order as
+    """Train ``todo`` (index, run) in ``parallel`` worker processes (``sandbox.worker_context``), yielding them in plan order as
     (i, run, finish); ``finish(ledger, rows_by)`` appends the run's ledger lines (written by the worker to
     parts/<i>.jsonl, with its own hash chain) to messages.jsonl and returns its summary entry. Each run's records
     are those of the run trained alone with the same threads: its chain and payloads do not depend on the others,
     and messages.jsonl holds the runs in plan order."""
-    import multiprocessing as mp
     import shutil
     from concurrent.futures import ProcessPoolExecutor
+
+    from .sandbox import worker_context
     sc0 = runs[0]["sc"]
     shutil.rmtree(root / "parts", ignore_errors=True)   # an interrupted run's part files are not records
-    pool = ProcessPoolExecutor(sc0.parallel, mp_context=mp.get_context("forkserver"))
+    pool = ProcessPoolExecutor(sc0.parallel, mp_context=worker_context())
     _POOL.append(pool)
     light = lambda r: {k: v for k, v in r.items() if k != "data"}  # noqa: E731  (workers load their own data)
     futs = [(i, r, pool.submit(_worker_run, i, light(r), len(runs), str(root), sc0.store, sc0.store_rounds))

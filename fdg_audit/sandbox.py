@@ -214,7 +214,9 @@ def _worker(folder: str, paths: dict) -> None:
 
 
 @lru_cache(maxsize=None)
-def _context():
+def worker_context():
+    """The multiprocessing context of every worker (attack workers, parallel runs): a process has one forkserver,
+    and its preload is fixed when it first starts, so everything that starts workers takes this one."""
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first
@@ -250,7 +252,7 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
             torch.save(pack(aux), folder / "aux.pt")
         atomic_write(folder / "view.json", json.dumps(dict(spec, threads=torch.get_num_threads()), default=str))
         paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
-        p = _context().Process(target=_worker, args=(str(folder), paths), daemon=True)
+        p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
         p.start()
         p.join()
         if not (folder / "result.pt").exists():
