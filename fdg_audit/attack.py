@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 import sys
+import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
@@ -444,6 +445,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
     rows, controls, cache = [], [], {}
     for label, atk, job in attacks:
+        t0, attacked = time.perf_counter(), 0
         ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
         for c in _controls(atk, job, isolate):   # there is none) makes every number of this attack "not measurable"
             ok &= c.passed
@@ -470,6 +472,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
             truth = cache[run_id] if run_id in cache else cache.setdefault(run_id, Truth(root, run))
             if not quiet and sys.stderr.isatty():
                 sys.stderr.write(f"\rattack {label} on {run_id} ...")
+            attacked += 1
             try:
                 outs = _execute(*salted(atk, job, run["seed"]), ledger, envs, run, me, aux, device, isolate)
             except UserError:
@@ -497,6 +500,9 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
                 rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
             _save_scores(root, label, run_id, outs, members)
             _save_items(root, label, run_id, rows[start:])
+        if not quiet and not sys.stderr.isatty() and attacked:   # batch jobs: one line per attack
+            print(f"attack {label}: {attacked} runs, {time.perf_counter() - t0:.0f} s"
+                  + ("" if ok else " (a control failed: not measurable)"), file=sys.stderr, flush=True)
     # re-running some attacks replaces their rows and controls and keeps every other attack's
     labels = {label for label, _, _ in attacks}
     if (root / "leakage.csv").exists():

@@ -147,6 +147,10 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     again = f"python -m fdg_audit scenario {shlex.join([str(path)] + (['--set', *sets] if sets else []))} " \
             f"--resume {shlex.quote(str(root))}"
     i, todo = 0, [(i, r) for i, r in enumerate(runs) if r["run_id"] not in done]
+    if not quiet:
+        print(f"training {len(todo)} runs" + (f" ({len(done)} already finished)" if done else "")
+              + (f", {sc0.parallel} at a time" if sc0.parallel > 1 else "") + f"; results in {root}",
+              file=sys.stderr, flush=True)
     results = _parallel(todo, runs, root, quiet) if sc0.parallel > 1 and len(todo) > 1 else \
         ((i, r, lambda led, rows, i=i, r=r: _one_run(i, r, runs, led, sink, rows, quiet)) for i, r in todo)
     try:
