@@ -65,3 +65,21 @@ def test_selected_round_is_the_earliest_within_one_standard_error_and_late_means
     assert best["round"] == 10 and not ok
     best, ok = select_round(plateau, n_val=10 ** 9, rounds=10)   # no noise: the argmax, round 10
     assert best["round"] == 10 and not ok
+
+
+def test_a_parallel_run_error_is_one_line_and_stops_the_other_runs(run_toml):
+    """A one-line error inside a worker (here: CUDA asked for on a machine without it) reaches the caller as that
+    line; the queued runs never start and no worker is left behind."""
+    import time
+
+    import torch
+
+    from fdg_audit.errors import UserError
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    t = time.perf_counter()
+    with pytest.raises(UserError, match="CUDA is not available"):
+        run_toml(TWO, "parallel=2", 'device="cuda"')
+    assert time.perf_counter() - t < 60
+    from fdg_audit import runner
+    assert not runner._POOL
