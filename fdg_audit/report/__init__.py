@@ -98,7 +98,8 @@ def headline(root) -> str:
                 cells.append("\n".join(f"{_ci(r)}" + (f"\nΔ {_ci(r, 'diff_fedavg')}" if r["diff_fedavg"] else "")
                                        for r in rs) or "—")
             else:
-                cells.append("\n".join(f"{r['adversary'][:6]}: {_ci(r)} vs {_ci(r, 'baseline')}" for r in rs) or "—")
+                cells.append("\n".join(f"{r['adversary'][:6]}: {_ci(r)} vs {_ci(r, 'baseline')}"
+                                       + (" (none at this budget)" if r.get("reading") else "") for r in rs) or "—")
         eps = next((r["epsilon"] for r in mine), "inf")
         rows.append([res.label(g)] + cells + [eps, f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
     names = {"accuracy": "held-out acc [95% CI]", "reconstruction": "recon PSNR dB", "membership": "membership AUC",
@@ -220,11 +221,15 @@ def _scorecard_md(res, card) -> list[str]:
           "run: the bootstrap over its items; fdg_audit/metrics/stats.py). **Δ FedAvg**: this cell minus FedAvg's "
           "cell, paired by target and seed: the leakage (or accuracy) a method adds by what it sends beyond "
           "FedAvg's weights, with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of "
-          "the scorecard (below 3 runs: not testable). **converged**: runs whose selected round is before the last "
+          "the scorecard (below 3 runs: not testable); only between cells of the same attack (budget and prior) "
+          "that both beat their baselines. A value that does not beat its own baseline reads \"no reconstruction at "
+          "this budget\" (or \"not above baseline\"). PSNR is capped at 60 dB (exact to 8-bit precision) and "
+          "intervals are cut to each metric's range. **converged**: runs whose selected round is before the last "
           "10% of their rounds, of all runs. "
           "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
-        body = [[r["method"] + r["variant"], r["harm"], r["adversary"] or "—", r["metric"], _ci(r),
+        body = [[r["method"] + r["variant"], r["harm"], r["adversary"] or "—", r["metric"],
+                 _ci(r) + (f" ({r['reading']})" if r.get("reading") else ""),
                  _ci(r, "baseline"), _ci(r, "diff_fedavg"),
                  f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["assumes"] or "—", r["control"],
                  r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),

@@ -21,6 +21,10 @@
     target (accuracy has no per-image values in the run folder, so test-set sampling is not in it).
   * accuracy value: mean over runs of held-out accuracy (the round chosen on source validation), interval from
     redrawing seeds within each target; baseline: chance 1/K.
+  * reading: "no reconstruction at this budget" (reconstruction) or "not above baseline" (other harms) when the
+    value does not beat its own baseline: the value is shown, with no Δ. A Δ to FedAvg is computed only between
+    cells of the same attack (so the same budget and prior), both beyond their baselines. Intervals are cut to the
+    metric's range (PSNR: [0, 60 dB]).
   * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
     measurable"), none (the attacks have no controls). epsilon: the largest ε any client spent by the end of the
     run (privacy.csv), max over the cell's runs; "inf" without DP.
@@ -37,8 +41,8 @@ from . import tables as T
 
 FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "adversary", "metric", "value", "ci_low", "ci_high",
           "baseline", "baseline_ci_low", "baseline_ci_high", "diff_fedavg", "diff_ci_low", "diff_ci_high", "diff_n",
-          "diff_p_holm", "diff_call", "attack", "artifact", "assumes", "control", "selection", "n_runs", "n_items",
-          "converged"]
+          "diff_p_holm", "diff_call", "reading", "attack", "artifact", "assumes", "control", "selection", "n_runs",
+          "n_items", "converged"]
 HARMS = {"reconstruction": ("psnr",), "membership": ("auc",), "domain": ("domain_balanced_acc",),
          "class": ("class_balanced_acc", "label_acc"), "label_distribution": ("label_dist_acc",),
          "dataset_size": ("n_samples_rel_error",)}
@@ -188,9 +192,9 @@ def scorecard(res: T.Results) -> list[dict]:
         sel = {run: _select(run, cs, const) for run, cs in sorted(per_run.items())}
         chosen[(g, harm, adv)] = sel
     order = {g: i for i, g in enumerate(res.groups())}
+    cellrow = {}   # (group, harm, adversary) -> its row; "_above": the value is beyond its baseline
     for (g, harm, adv), sel in sorted(chosen.items(), key=lambda kv: (order.get(kv[0][0], 0),
                                                                       list(HARMS).index(kv[0][1]), kv[0][2])):
-        runs = list(sel)
         ok = any(s["ok"] for s in sel.values())
         attacks = [s["chosen"]["attack"] for s in sel.values()]
         control = "failed" if not ok else "passed" if all(a in has_controls for a in set(attacks)) else "none"
@@ -198,26 +202,35 @@ def scorecard(res: T.Results) -> list[dict]:
             attack=_mode(attacks), artifact=_mode(s["chosen"]["artifact"] for s in sel.values()),
             assumes=" | ".join(dict.fromkeys(assumes(s["chosen"]["attack"], s["chosen"]["output"])
                                              for s in sel.values())),
-            control=control, selection=_mode(s["selection"] for s in sel.values()), n_runs=len(runs),
+            control=control, selection=_mode(s["selection"] for s in sel.values()), n_runs=len(sel),
             n_items=sum(len(s["items"]) for s in sel.values()))
+        rows.append(row)
         if not ok:
-            rows.append(row | dict(value="not measurable"))
+            row["value"] = "not measurable"
             continue
         m, lo, hi = S.estimate([s["items"] for s in sel.values()], seed=zlib.crc32(repr((g, harm, adv)).encode()))
         b, blo, bhi = _stat_base([s["base"] for s in sel.values()])
-        row |= dict(value=_fmt(m), ci_low=_fmt(lo), ci_high=_fmt(hi), baseline=_fmt(b), baseline_ci_low=_fmt(blo),
-                    baseline_ci_high=_fmt(bhi))
+        mi = T.info(row["metric"].split("|")[0])
+        cut = lambda x: x if x != x else min(max(x, mi.lo), mi.hi)  # noqa: E731  (intervals stay in the range)
+        row |= dict(value=_fmt(m), ci_low=_fmt(cut(lo)), ci_high=_fmt(cut(hi)), baseline=_fmt(b),
+                    baseline_ci_low=_fmt(cut(blo)), baseline_ci_high=_fmt(cut(bhi)),
+                    _above=not (b == b) or (m > b if mi.higher else m < b))
+        if not row["_above"]:
+            row["reading"] = "no reconstruction at this budget" if harm == "reconstruction" else "not above baseline"
+        cellrow[(g, harm, adv)] = row
+    for (g, harm, adv), row in cellrow.items():   # Δ: the same attacks (budget, prior), both beyond their baselines
         f = fedavg(g)
-        fsel = chosen.get((f, harm, adv)) if f is not None and f != g else None
-        if fsel:
-            tag = lambda run: (by_run[run]["target"], by_run[run]["seed"])  # noqa: E731
-            fr = {tag(r): s for r, s in fsel.items() if fsel[r]["ok"]}
-            pairs = [(s["items"], fr[tag(r)]["items"]) for r, s in sel.items() if tag(r) in fr]
-            if pairs:
-                strata = [tag(r)[0] for r, s in sel.items() if tag(r) in fr]
-                d = np.array([a.stat() - b.stat() for a, b in pairs], float)
-                row["_d"] = S.compare(d, strata=strata) if len(pairs) > 1 else S.paired(*map(list, zip(*pairs)))
-        rows.append(row)
+        frow = cellrow.get((f, harm, adv)) if f is not None and f != g else None
+        if frow is None or frow["attack"] != row["attack"] or not (frow["_above"] and row["_above"]):
+            continue
+        sel, fsel = chosen[(g, harm, adv)], chosen[(f, harm, adv)]
+        tag = lambda run: (by_run[run]["target"], by_run[run]["seed"])  # noqa: E731
+        fr = {tag(r): s for r, s in fsel.items() if fsel[r]["ok"]}
+        pairs = [(s["items"], fr[tag(r)]["items"]) for r, s in sel.items() if tag(r) in fr]
+        if pairs:
+            strata = [tag(r)[0] for r, s in sel.items() if tag(r) in fr]
+            d = np.array([a.stat() - b.stat() for a, b in pairs], float)
+            row["_d"] = S.compare(d, strata=strata) if len(pairs) > 1 else S.paired(*map(list, zip(*pairs)))
     with_d = [r for r in rows if "_d" in r]
     for r, d in zip(with_d, S.holm_calls([r["_d"] for r in with_d])):   # Holm over every Δ of the scorecard
         r |= dict(diff_fedavg=_fmt(d["mean"]), diff_ci_low=_fmt(d["lo"]), diff_ci_high=_fmt(d["hi"]), diff_n=d["n"],

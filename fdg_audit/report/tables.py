@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..ledger import Ledger
+from ..metrics.image import PSNR_CAP_DB
 
 
 @dataclass
@@ -33,12 +34,14 @@ class MetricInfo:
     unit: str = ""
     higher: bool = True      # a larger value means a stronger attack (more leakage)
     text: str = ""
+    lo: float = 0.0          # the metric's range: intervals are cut to it
+    hi: float = 1.0
 
 
 METRICS = {
-    "psnr": MetricInfo("dB", True, "mean PSNR of the reconstructions against the true images"),
-    "psnr_max": MetricInfo("dB", True, "best single-image PSNR"),
-    "ssim": MetricInfo("", True, "mean SSIM (Gaussian window 11x11, sigma 1.5)"),
+    "psnr": MetricInfo("dB", True, "mean PSNR of the reconstructions against the true images", 0.0, PSNR_CAP_DB),
+    "psnr_max": MetricInfo("dB", True, "best single-image PSNR", 0.0, PSNR_CAP_DB),
+    "ssim": MetricInfo("", True, "mean SSIM (Gaussian window 11x11, sigma 1.5)", -1.0, 1.0),
     "success@25dB": MetricInfo("fraction", True, "fraction of images reconstructed at PSNR >= 25 dB"),
     "auc": MetricInfo("", True, "membership ROC AUC"),
     "tpr@0.01fpr": MetricInfo("fraction", True, "membership TPR at 1% FPR"),
@@ -48,12 +51,15 @@ METRICS = {
     "label_count_acc": MetricInfo("fraction", True, "label-count accuracy (multiset overlap)"),
     "label_dist_acc": MetricInfo("fraction", True, "label-distribution accuracy (1 - total variation)"),
     "label_existence_f1": MetricInfo("", True, "F1 of which labels a client holds"),
-    "n_samples_rel_error": MetricInfo("fraction", False, "relative error of the estimated dataset size"),
+    "n_samples_rel_error": MetricInfo("fraction", False, "relative error of the estimated dataset size", 0.0, math.inf),
     "label_acc": MetricInfo("fraction", True, "accuracy of the labels inferred with the reconstructions"),
     "tpr@0fpr": MetricInfo("fraction", True, "membership TPR with no false positive"),
-    "eps_lb_one_run": MetricInfo("", True, "empirical ε lower bound from canaries (one-run audit, 95% conf.)"),
-    "eps_lb_cp": MetricInfo("", True, "empirical ε lower bound from canaries (Clopper–Pearson, 95% conf.)"),
-    "eps_theory": MetricInfo("", True, "the accountant's ε of the audited mechanism (not a measurement)"),
+    "eps_lb_one_run": MetricInfo("", True, "empirical ε lower bound from canaries (one-run audit, 95% conf.)", 0.0,
+                                 math.inf),
+    "eps_lb_cp": MetricInfo("", True, "empirical ε lower bound from canaries (Clopper–Pearson, 95% conf.)", 0.0,
+                            math.inf),
+    "eps_theory": MetricInfo("", True, "the accountant's ε of the audited mechanism (not a measurement)", 0.0,
+                             math.inf),
     "audit_auc": MetricInfo("", True, "ROC AUC of the canary scores"),
 }
 # the metrics shown in the terminal headline (per artifact, those present), in order of preference
@@ -66,7 +72,7 @@ def info(metric: str) -> MetricInfo:
     if metric in METRICS:
         return METRICS[metric]
     low = any(s in metric.lower() for s in ("error", "mse", "lpips", "distance"))
-    return MetricInfo("", not low, metric)
+    return MetricInfo("", not low, metric, -math.inf, math.inf)
 
 
 def stronger(metric: str, a: float, b: float) -> bool:
