@@ -393,7 +393,12 @@ def _make(cfg: dict, device):
     cls = load_attack(name)
     from .params import typed
     label = label or cls.name or name
-    atk = cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    from .params import safe_name
+    safe_name(label, f"attacks.{label}.label")
+    p = typed(cls.Params, cfg, f"attacks.{label}")
+    if not isinstance(p.max_victims, int) or p.max_victims < 0:
+        raise UserError(f"attacks.{label}.max_victims = {p.max_victims!r}: use 0 (every victim) or a positive integer")
+    atk = cls(p, device)
     if atk.adversary not in ADVERSARIES:
         raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
     if set(atk.aux) - set(AUX):

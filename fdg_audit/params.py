@@ -7,6 +7,8 @@ without importing each other.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,9 @@ def typed(cls, raw: dict, where: str):
                 type(default) is int and isinstance(v, float):
             raise UserError(f"{where}.{f.name} = {v!r} has the wrong type: expected {type(default).__name__} "
                             f"like the default {default!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UserError(f"{where}.{f.name} = {v!r} is not a finite number: give a finite value like the default "
+                            f"{default!r}")
         out[f.name] = float(v) if isinstance(default, float) and not isinstance(v, bool) else v
     try:
         return cls(**out)
@@ -70,7 +75,20 @@ def make_optimizer(p: TrainParams, params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
 
 
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")   # labels, names and ids that become path parts
+MAX_ROUNDS = 100_000
+
+
+def safe_name(value, where: str) -> str:
+    """``value`` if it is a safe path part (letters, digits, ``_.-``, not ``.`` or ``..``), else a one-line error."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or set(value) == {"."}:
+        raise UserError(f"{where} = {value!r}: use letters, digits and _ . - only (it names files and folders)")
+    return value
+
+
 def resolve_device(name: str) -> str:
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", name):
+        raise UserError(f"device = {name!r}: use \"auto\" (CUDA when present), \"cpu\", \"cuda\" or \"cuda:N\"")
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():

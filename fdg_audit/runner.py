@@ -127,7 +127,11 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         root = Path(out or sc0.out) / sc0.name / time.strftime("%Y%m%d-%H%M%S")
         while root.exists():
             root = root.with_name(root.name + "_")
-        root.mkdir(parents=True)
+        try:
+            root.mkdir(parents=True)
+        except OSError as e:
+            raise UserError(f"cannot create the run folder {root} ({e.strerror}): set --out (or out = \"...\") to a "
+                            f"writable folder") from None
         done, rows_by, keep = {}, defaultdict(list), []
     resolved = dump_toml(raw)
     atomic_write(root / "config.resolved.toml", resolved)

@@ -10,6 +10,7 @@ import itertools
 import json
 import tomllib
 
+import numpy as np
 import tomli_w
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from .data import DataConfig, load_data
 from .errors import UserError
-from .params import TrainParams, _names, typed  # noqa: F401  (typed re-exported)
+from .params import MAX_ROUNDS, TrainParams, _names, resolve_device, safe_name, typed  # noqa: F401  (typed re-exported)
 from .models import ModelConfig
 from .plugins import load_method
 from .privacy import check_run, privacy_config
@@ -110,6 +111,8 @@ def _entries(cls, items, where: str) -> list:
         fixed = {k: t[k] for k in _names(cls) if k != "params" and k in t}
         e = cls(**fixed, params={k: v for k, v in t.items() if k not in fixed})
         e.label = e.label or e.name
+        if ":" not in e.label:   # a "module:Class" name is its own label only where no label is given
+            safe_name(e.label, f"{where}[{i}].label")
         out.append(e)
     labels = [e.label for e in out]
     if len(set(labels)) != len(labels):
@@ -122,9 +125,11 @@ def load_raw(path: str | Path, sets: list[str] = ()) -> dict:
     if not path.exists():
         raise UserError(f"scenario file {path} not found: pass a TOML file, e.g. scenarios/quick.toml")
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path} is not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text: save the scenario as UTF-8 TOML") from None
     if "data" in raw and "datasets" in raw:
         raise UserError(f"{path}: use either [data] or [[datasets]], not both")
     for s in sets:
@@ -146,6 +151,9 @@ def parse(raw: dict) -> Scenario:
     sc.datasets = [typed(DatasetEntry, d, f"datasets[{i}]") for i, d in enumerate(ds)]
     for d in sc.datasets:
         d.label = d.label or (d.family if d.dataset in ("mnist", "digits", "idx") else Path(d.root).name or d.dataset)
+    safe_name(sc.name, "name")
+    for i, d in enumerate(sc.datasets):
+        safe_name(d.label, f"datasets[{i}].label")
     labels = [d.label for d in sc.datasets]
     if len(set(labels)) != len(labels):
         raise UserError(f"two [[datasets]] share the label {labels}: give each a distinct label = \"...\"")
@@ -164,6 +172,18 @@ def parse(raw: dict) -> Scenario:
         raise UserError(f"seeds = {sc.seeds!r}: give a non-empty list of integers, e.g. seeds = [0, 1, 2]")
     if len(set(sc.seeds)) != len(sc.seeds):
         raise UserError(f"seeds = {sc.seeds!r} repeats a seed (one run id per seed): list each seed once")
+    if not all(0 <= s < 2 ** 32 for s in sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r}: seeds are integers from 0 to 2**32 - 1")
+    resolve_device(sc.device)   # an unknown device, or CUDA on a machine without it, before anything is written
+    if sc.store not in ("all", "none") and not (isinstance(sc.store, list) and all(isinstance(k, str) for k in sc.store)):
+        raise UserError(f"store = {sc.store!r}: use \"all\", \"none\" or a list of artifact kinds, e.g. [\"weights\"]")
+    if not isinstance(sc.store_rounds, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in sc.store_rounds):
+        raise UserError(f"store_rounds = {sc.store_rounds!r}: give a list of round numbers >= 0 ([] = every round)")
+    from .models import ARCHS, NORMS
+    if sc.model.arch not in ARCHS or sc.model.norm not in NORMS:
+        raise UserError(f"model.arch = {sc.model.arch!r}, model.norm = {sc.model.norm!r}: use an arch of "
+                        f"{', '.join(ARCHS)} and a norm of {', '.join(NORMS)}")
     for i, d in enumerate(sc.datasets):
         t = d.targets
         if t != "all" and (not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t)
@@ -241,8 +261,11 @@ def method_params(method, entry: MethodEntry, train: dict):
     if p.optimizer not in ("sgd", "adam"):
         raise UserError(f"{where}.optimizer = {p.optimizer!r}: use \"sgd\" or \"adam\"")
     for key in ("rounds", "batch_size", "eval_every"):
-        if getattr(p, key) < 1:
-            raise UserError(f"{where}.{key} = {getattr(p, key)!r}: use an integer >= 1")
+        if not 1 <= getattr(p, key) <= MAX_ROUNDS:
+            raise UserError(f"{where}.{key} = {getattr(p, key)!r}: use an integer from 1 to {MAX_ROUNDS}")
+    if p.weight_decay < 0 or not 0 <= p.momentum < 1:
+        raise UserError(f"{where}: weight_decay = {p.weight_decay!r}, momentum = {p.momentum!r}: use weight_decay >= 0 "
+                        f"and momentum in [0, 1)")
     if p.local_epochs < 0 or p.local_steps < 0 or (p.local_epochs == 0 and p.local_steps == 0):
         raise UserError(f"{where}: local_epochs = {p.local_epochs}, local_steps = {p.local_steps}: "
                         "set local_epochs >= 1, or local_steps >= 1 (steps replace epochs)")
@@ -278,6 +301,10 @@ def plan(raw: dict) -> list[dict]:
         tag = "" if not assign else "[" + ",".join(f"{k.split('.')[-1]}={v}" for k, v in assign.items()) + "]"
         for ds in sc.datasets:
             data = load_data(ds)
+            classes = np.unique(np.concatenate([d.train.y.numpy() for d in data.domains]))
+            if len(classes) < 2:
+                raise UserError(f"datasets.{ds.label}: the training images hold {len(classes)} class: a classifier "
+                                f"needs at least 2 classes (check data.root)")
             targets = data.names if ds.targets == "all" else list(ds.targets)
             for t in targets:
                 data.domain(t)
