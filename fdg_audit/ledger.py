@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -73,9 +74,42 @@ def read_summary(root: Path) -> dict:
     return s
 
 
-def load_npz(path: Path) -> dict:
-    """The arrays of an ``.npz`` file (no pickled objects); a damaged file is a one-line error naming it."""
+HEX64 = re.compile(r"[0-9a-f]{64}")
+MAX_FILE_BYTES = 2 ** 30   # a payload or an .npz array read from a run folder is at most this large (1 GiB)
+
+
+def regular_file(path: Path, root: Path, what: str) -> int:
+    """The size of ``path`` if it is a regular file (not a link, FIFO or device) inside ``root`` of at most
+    MAX_FILE_BYTES; else a one-line error."""
+    import stat
     try:
+        st = os.lstat(path)
+    except OSError:
+        raise UserError(f"{what} {path} is missing: the run folder is damaged (restore it or re-run the scenario)"
+                        ) from None
+    inside = Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+    if not stat.S_ISREG(st.st_mode) or not inside or st.st_size > MAX_FILE_BYTES:
+        raise UserError(f"{what} {path} is not a regular file of the run folder under {MAX_FILE_BYTES >> 20} MiB: "
+                        "the run folder is damaged or hostile (restore it or re-run the scenario)")
+    return st.st_size
+
+
+def load_npz(path: Path) -> dict:
+    """The arrays of an ``.npz`` file (no pickled objects, each array's declared size checked before it is read:
+    at most MAX_FILE_BYTES together); a damaged file is a one-line error naming it."""
+    try:
+        total = 0
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                with zf.open(info) as f:
+                    read = {(1, 0): np.lib.format.read_array_header_1_0,
+                            (2, 0): np.lib.format.read_array_header_2_0}.get(np.lib.format.read_magic(f))
+                    if read is None:
+                        raise ValueError(f"{info.filename} is not a .npy array of format 1.0 or 2.0")
+                    shape, _, dtype = read(f)
+                    total += int(np.prod(shape, dtype=object)) * dtype.itemsize
+                    if dtype.hasobject or total > MAX_FILE_BYTES:
+                        raise ValueError(f"{info.filename} declares {'objects' if dtype.hasobject else f'{total} bytes'}")
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
@@ -106,6 +140,9 @@ def parse_envelope(line: bytes | str, where: str) -> Envelope:
     if missing or bad:
         raise UserError(f"{where} is not an envelope ({'missing' if missing else 'bad'} field {(missing or bad)[0]!r}):"
                         " the run folder is damaged; restore messages.jsonl or re-run the scenario")
+    if not HEX64.fullmatch(d["sha256"]) or d.get("prev", "") and not HEX64.fullmatch(d["prev"]):
+        raise UserError(f"{where}: its sha256 or prev is not 64 hexadecimal digits: the run folder is damaged; "
+                        "restore messages.jsonl or re-run the scenario")
     return Envelope(**d)
 
 
@@ -227,10 +264,11 @@ class Ledger:
         if not env.stored:
             raise UserError(f"payload of {env.kind} (round {env.round}, {env.sender}->{env.receiver}) was not "
                             f"stored: rerun with store = \"all\" (or a list with {env.kind!r}) and store_rounds = []")
-        if not p.exists():
+        if not os.path.lexists(p):
             raise UserError(f"{self.root.name}: the payload of {env.kind} (run {env.run}, round {env.round}, seq "
                             f"{env.seq}, {env.sender}->{env.receiver}) is missing from payloads/: the run folder is "
                             "damaged (restore it or re-run the scenario)")
+        regular_file(p, self.root, "payload")
         data = p.read_bytes()
         if hashlib.sha256(data).hexdigest() != env.sha256:
             raise UserError(f"{self.root.name}: payload {p.name[:12]}... of {env.kind} (run {env.run}, round "
@@ -258,6 +296,14 @@ def open_verified(root: Path, summary: dict | None = None) -> Ledger:
         raise UserError(f"{Path(root).name}/summary.json records no chain_head for run {legacy[0]}: the folder was "
                         "written before hash chains or edited; re-run the scenario")
     led = Ledger.open(root)
+    planned = {r["run"] for r in summary["runs"]}
+    if (Path(root) / "manifest.json").exists():
+        planned |= set(read_json(Path(root) / "manifest.json", "manifest.json").get("runs", []))
+    stray = next(((n, e.run) for e, (n, _) in zip(led.envelopes, led.lines) if e.run not in planned), None)
+    if stray:
+        raise UserError(f"{Path(root).name}/messages.jsonl line {stray[0]} belongs to run {stray[1]!r}, which this "
+                        "folder never planned: the run folder is damaged or was appended to (restore it or re-run "
+                        "the scenario)")
     led.verify({r["run"]: r["chain_head"] for r in ok})
     keep = [i for i, e in enumerate(led.envelopes) if e.run in {r["run"] for r in ok}]
     led.envelopes, led.lines = [led.envelopes[i] for i in keep], [led.lines[i] for i in keep]

@@ -1,0 +1,82 @@
+"""A hostile run folder (toward issue 21): nothing it says is a path outside it, a pickle or an unbounded array."""
+import io
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from test_trust import copy, one_line_error, root  # noqa: F401  (fixtures: a finished run folder and a copy)
+
+
+def _lines(folder):
+    return (folder / "messages.jsonl").read_text().splitlines()
+
+
+def _set_line(folder, i, **change):
+    lines = _lines(folder)
+    d = json.loads(lines[i])
+    d.update(change)
+    lines[i] = json.dumps(d)
+    (folder / "messages.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("sha", ["../../../../etc/passwd", "/dev/zero", "ab" * 31])
+def test_a_sha256_that_is_not_64_hex_digits_is_refused(copy, capsys, sha):  # noqa: F811
+    _set_line(copy, 0, sha256=sha)
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "dataset_size"], "64 hexadecimal digits")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link"])
+def test_a_payload_that_is_a_fifo_or_a_link_out_of_the_folder_is_refused(copy, capsys, kind):  # noqa: F811
+    led = [json.loads(x) for x in _lines(copy)]
+    e = next(d for d in led if d["kind"] == "n_samples" and d["stored"])
+    p = copy / "payloads" / e["sha256"][:2] / e["sha256"]
+    p.unlink()
+    if kind == "fifo":
+        os.mkfifo(p)          # reading it would block forever
+    else:
+        p.symlink_to("/dev/zero")   # reading it would grow memory until it fails
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "dataset_size"], "not a regular file")
+
+
+def test_a_ledger_line_of_a_run_the_folder_never_planned_is_refused(copy, capsys):  # noqa: F811
+    lines = _lines(copy)
+    d = json.loads(lines[-1])
+    d.update(run="rotated/fedavg/rot0/s99", prev="")
+    (copy / "messages.jsonl").write_text("\n".join(lines + [json.dumps(d)]) + "\n")
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "dataset_size"], "never planned")
+
+
+def _npz_with_header(shape, descr="<f8") -> bytes:
+    hdr = io.BytesIO()
+    np.lib.format.write_array_header_1_0(hdr, {"descr": descr, "fortran_order": False, "shape": shape})
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.npy", hdr.getvalue() + b"\0" * 4096)
+    return buf.getvalue()
+
+
+def test_npz_bombs_and_pickles_are_one_line_errors(tmp_path):
+    from fdg_audit.errors import UserError
+    from fdg_audit.ledger import load_npz
+    huge = tmp_path / "huge.npz"
+    huge.write_bytes(_npz_with_header((10 ** 12,)))                  # declares 8 TB
+    with pytest.raises(UserError, match="declares"):
+        load_npz(huge)
+    bomb = tmp_path / "bomb.npz"          # a few kB on disk that would inflate to 2 GiB (32 MB of it written here)
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        hdr = io.BytesIO()
+        np.lib.format.write_array_header_1_0(hdr, {"descr": "|u1", "fortran_order": False, "shape": (2 ** 31,)})
+        with z.open("x.npy", "w", force_zip64=True) as f:
+            f.write(hdr.getvalue())
+            for _ in range(2):
+                f.write(bytes(2 ** 24))
+    assert bomb.stat().st_size < 4 * 2 ** 20
+    with pytest.raises(UserError, match="declares"):
+        load_npz(bomb)
+    pick = tmp_path / "pickle.npz"
+    np.savez(pick, a=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(UserError, match="declares objects"):
+        load_npz(pick)
