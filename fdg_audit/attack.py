@@ -630,13 +630,17 @@ def _save_items(root: Path, label: str, run_id: str, rows: list) -> None:
 
 def load_items(path) -> list[dict]:
     """The rows of one ``items/<attack>/<run>.npz``: leakage keys plus ``items`` and ``base`` (Items or None)."""
-    out = []
-    with np.load(path) as z:
+    from .ledger import load_npz
+    out, z = [], load_npz(Path(path))
+    try:
         meta = json.loads(str(z["meta"]))
         for j, m in enumerate(meta):
-            get = lambda pre, f: z[f"{j}/{pre}{f}"] if f"{j}/{pre}{f}" in z else None  # noqa: E731
+            get = lambda pre, f: z.get(f"{j}/{pre}{f}")  # noqa: E731
             it = lambda pre, kind: M.stats.Items(kind, get(pre, "x"), get(pre, "y"), get(pre, "ids"))  # noqa: E731
             out.append(dict(m, items=it("", m["kind"]), base=it("b", m["base"]) if m["base"] else None))
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise UserError(f"{path} is not an attack's per-item file ({type(e).__name__}: {e}): the run folder is "
+                        "damaged; re-run the attacks") from None
     return out
 
 

@@ -71,7 +71,17 @@ def read_summary(root: Path) -> dict:
             for r in s["runs"])):
         raise UserError(f"{f} is not a run summary (it needs a \"runs\" list of entries with \"run\" and \"status\"):"
                         " the run folder is damaged; restore summary.json or re-run the scenario")
+    bad = next((r["run"] for r in s["runs"] if not safe_run_id(r["run"])), None)
+    if bad is not None:
+        raise UserError(f"{f} names run {bad!r}, which is not a run id (<dataset>/<method>/<target>/s<seed>, no empty, "
+                        "'.' or '..' part): the run folder is damaged or hostile; re-run the scenario")
     return s
+
+
+def safe_run_id(run: str) -> bool:
+    """Run ids become paths (truth/<run>/...): relative, with no empty, '.' or '..' part, backslash or NUL."""
+    parts = run.split("/")
+    return len(parts) >= 2 and all(p not in ("", ".", "..") for p in parts) and not set(run) & {"\\", "\x00"}
 
 
 HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -216,7 +216,11 @@ def _worker(folder: str, paths: dict) -> None:
 @lru_cache(maxsize=None)
 def worker_context():
     """The multiprocessing context of every worker (attack workers, parallel runs): a process has one forkserver,
-    and its preload is fixed when it first starts, so everything that starts workers takes this one."""
+    and its preload is fixed when it first starts, so everything that starts workers takes this one. Helper
+    processes (the forkserver, the resource tracker) start as ``python -c``, which would put the working directory
+    first on their import path (a received folder's ``selectors.py`` would run): PYTHONSAFEPATH keeps it off."""
+    import os
+    os.environ["PYTHONSAFEPATH"] = "1"
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
         # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first

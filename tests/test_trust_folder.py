@@ -80,3 +80,54 @@ def test_npz_bombs_and_pickles_are_one_line_errors(tmp_path):
     np.savez(pick, a=np.array([{"x": 1}], dtype=object))
     with pytest.raises(UserError, match="declares objects"):
         load_npz(pick)
+
+
+def test_report_never_imports_a_module_that_a_folder_names(copy, tmp_path, monkeypatch):  # noqa: F811
+    """items/*.npz name their attack; a name that is no installed plugin (here a module inside the folder, and the
+    standard library's `this`) is never imported by the scorecard."""
+    import runpy  # noqa: F401
+    import sys
+
+    from fdg_audit.attack import _save_items
+    from fdg_audit.metrics.stats import Items
+    from fdg_audit.report import write_report
+    marker = tmp_path / "imported"
+    (copy / "evilmod.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n")
+    monkeypatch.syspath_prepend(str(copy))
+    run = json.loads((copy / "summary.json").read_text())["runs"][0]["run"]
+    for name in ("evilmod:X", "this:X"):
+        row = dict(run=run, attack=name, adversary="server", artifact="weights", round=1, victim="rot15", output="",
+                   metric="psnr", status="ok", items=Items("mean", np.array([20.0, 21.0]), ids=np.arange(2)),
+                   base_items=None)
+        _save_items(copy, name.replace(":", "_"), run, [row])
+    sys.modules.pop("this", None)
+    write_report([copy], tmp_path / "out", quiet=True)
+    assert not marker.exists() and "this" not in sys.modules
+
+
+def test_a_run_id_that_walks_out_of_the_folder_is_refused(copy, capsys):  # noqa: F811
+    s = json.loads((copy / "summary.json").read_text())
+    s["runs"][0]["run"] = "../../../escaped/x"
+    (copy / "summary.json").write_text(json.dumps(s))
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "dataset_size"], "not a run id")
+
+
+def test_the_installed_command_runs_no_selectors_py_from_the_working_directory(root, tmp_path):  # noqa: F811
+    """`fdg-audit attack .` from inside a received folder: the helper processes (forkserver, resource tracker) start
+    as `python -c`, which would import the folder's selectors.py; PYTHONSAFEPATH keeps the folder off their path."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    exe = Path(sys.executable).with_name("fdg-audit")
+    if not exe.exists():
+        pytest.skip("the fdg-audit command is not installed next to this Python")
+    folder = tmp_path / "received"
+    shutil.copytree(root, folder)
+    marker = tmp_path / "ran"
+    (folder / "selectors.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
+                                         "raise SystemExit(3)\n")
+    r = subprocess.run([str(exe), "attack", ".", "--attacks", "dataset_size"], cwd=folder, capture_output=True,
+                       text=True, timeout=300)
+    assert not marker.exists(), r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]

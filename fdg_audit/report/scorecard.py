@@ -63,10 +63,10 @@ def role(adversary: str) -> str:
 
 
 def assumes(attack: str, output: str) -> str:
-    from ..plugins import load_attack
-    try:
-        aux = load_attack(attack).aux
-    except Exception:  # a label that is not a plugin name: say nothing rather than guess
+    from ..plugins import available, load_attack
+    try:   # only an installed plugin: a name read from a run folder is never imported
+        aux = load_attack(attack).aux if attack in available("attack") else ()
+    except Exception:  # an installed plugin that does not load: say nothing rather than guess
         aux = ()
     words = [AUX_WORDS[a] for a in aux if a in AUX_WORDS] or ["no auxiliary data"]
     words += [OUTPUT_WORDS[o] for o in output.split("/") if o in OUTPUT_WORDS]
