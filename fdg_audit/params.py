@@ -75,13 +75,14 @@ def make_optimizer(p: TrainParams, params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
 
 
-SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+")   # labels, names and ids that become path parts
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.-]+|[A-Za-z0-9_.]+:[A-Za-z0-9_]+")   # labels and names that become path
+                                                                          # parts (or a "module:Class" name)
 MAX_ROUNDS = 100_000
 
 
 def safe_name(value, where: str) -> str:
     """``value`` if it is a safe path part (letters, digits, ``_.-``, not ``.`` or ``..``), else a one-line error."""
-    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or set(value) == {"."}:
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or set(value) == {"."} or ".." in value:
         raise UserError(f"{where} = {value!r}: use letters, digits and _ . - only (it names files and folders)")
     return value
 

@@ -111,8 +111,7 @@ def _entries(cls, items, where: str) -> list:
         fixed = {k: t[k] for k in _names(cls) if k != "params" and k in t}
         e = cls(**fixed, params={k: v for k, v in t.items() if k not in fixed})
         e.label = e.label or e.name
-        if ":" not in e.label:   # a "module:Class" name is its own label only where no label is given
-            safe_name(e.label, f"{where}[{i}].label")
+        safe_name(e.label, f"{where}[{i}].label")
         out.append(e)
     labels = [e.label for e in out]
     if len(set(labels)) != len(labels):

@@ -207,7 +207,7 @@ def test_object_arrays_and_damaged_npz_are_one_line(copy, capsys):
     bad = copy / "mia" / "x" / "rotated__fedavg__rot45__s0.npz"
     bad.parent.mkdir(parents=True)
     np.savez(bad, score=np.array([{"a": 1}], dtype=object))
-    one_line_error(capsys, ["report", str(copy)], "cannot be read as plain arrays (Object arrays cannot be loaded")
+    one_line_error(capsys, ["report", str(copy)], "cannot be read as plain arrays (score.npy declares objects)")
 
 
 # ------------------------------------------------------------------------------------------ 4. validation first
