@@ -180,9 +180,23 @@ class AttackFailed(Exception):
         self.detail = detail
 
 
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TMPDIR", "PYTHONSAFEPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+             "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES")
+
+
 def _worker(folder: str, paths: dict) -> None:
     """Entry point of the attack process: read the view folder, run the attack, write ``result.pt``.
-    ``paths``: the import path for the run's method and for the attack (see plugins.import_path)."""
+    ``paths``: the import path for the run's method and for the attack (see plugins.import_path). Before any plugin
+    code: the working directory is the view folder, argv and the environment name nothing of the harness (an
+    allowlist, ENV_ALLOW), and Ctrl-C is left to the harness (no traceback from the worker)."""
+    import os
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.chdir(folder)
+    sys.argv = ["fdg_audit-attack-worker"]
+    keep = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    os.environ.clear()
+    os.environ.update(keep, HOME=folder)
     root = Path(folder)
     try:
         spec = json.loads((root / "view.json").read_text())

@@ -131,3 +131,42 @@ def test_the_installed_command_runs_no_selectors_py_from_the_working_directory(r
                        text=True, timeout=300)
     assert not marker.exists(), r.stderr[-2000:]
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _env_probe():
+    """An attack that reports what the worker's process tells a plugin: environment, argv, working directory."""
+    from fdg_audit.attack import Attack, Skipped
+
+    class Probe(Attack):
+        name = "env_probe"
+        consumes = ("weights",)
+
+        def run(self, view, aux):
+            import os
+            import sys
+            return [Skipped(view.me, "weights", 0,
+                            json.dumps(dict(env=sorted(os.environ), argv=sys.argv, cwd=os.getcwd())))]
+    return Probe
+
+
+EnvProbe = _env_probe()
+
+
+def test_the_worker_sees_no_harness_environment_argv_or_cwd(copy, monkeypatch):  # noqa: F811
+    import csv
+    import sys
+
+    from fdg_audit.attack import run_attacks
+    monkeypatch.setenv("FDG_HARNESS_SECRET", "s3cret")
+    monkeypatch.setattr(sys, "argv", ["fdg-audit", "attack", str(copy)])
+    run_attacks(copy, [{"name": f"{__name__}:EnvProbe"}], quiet=True)
+    with open(copy / "leakage.csv", newline="") as f:
+        seen = [json.loads(r["status"].removeprefix("skipped: ")) for r in csv.DictReader(f) if r["attack"] == "env_probe"]
+    assert seen
+    for s in seen:
+        assert "FDG_HARNESS_SECRET" not in s["env"] and set(s["env"]) <= {"PATH", "LANG", "LC_ALL", "TMPDIR", "HOME",
+                                                                        "PYTHONSAFEPATH", "OMP_NUM_THREADS",
+                                                                        "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                        "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+                                                                        "CUDA_VISIBLE_DEVICES"}
+        assert str(copy) not in " ".join(s["argv"]) and "fdg_view_" in s["cwd"] and str(copy) not in s["cwd"]
