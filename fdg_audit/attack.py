@@ -368,10 +368,10 @@ LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack"
 
 
 def _runs(root: Path, summary: dict | None = None) -> dict[str, dict]:
-    from .ledger import read_summary
-    from .scenario import load_raw, plan
+    from .ledger import read_secrets, read_summary
+    from .scenario import load_raw, plan, with_secrets
     summary = summary or read_summary(root)
-    planned = {r["run_id"]: r for r in plan(load_raw(root / "config.resolved.toml"))}
+    planned = {r["run_id"]: r for r in plan(with_secrets(load_raw(root / "config.resolved.toml"), read_secrets(root)))}
     out = {}
     for s in summary["runs"]:
         if s.get("status") != "ok" or s["run"] not in planned:

@@ -59,6 +59,18 @@ def read_json(path: Path, what: str = "file"):
                         "or re-run the scenario") from None
 
 
+def read_secrets(root: Path) -> dict:
+    """The secret split seeds of a run folder (truth/secrets.json; none in a folder written before them)."""
+    f = Path(root) / "truth" / "secrets.json"
+    if not f.exists():
+        return {}
+    s = read_json(f, "secret split seeds")
+    if not isinstance(s, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                          for v in s.values()):
+        raise UserError(f"{f} is not a table of split seeds: the run folder is damaged; re-run the scenario")
+    return s
+
+
 def read_summary(root: Path) -> dict:
     """``summary.json`` of a run folder, checked to be a {"runs": [{"run", "status", ...}]} table."""
     f = Path(root) / "summary.json"

@@ -31,9 +31,9 @@ from . import __version__
 from .errors import UserError
 from .federation import RunSpec, run_federation
 from .params import resolve_device
-from .ledger import Ledger, atomic_write, npz_bytes, read_summary
+from .ledger import Ledger, atomic_write, npz_bytes, read_secrets, read_summary
 from .privacy import privacy_csv
-from .scenario import dump_toml, plan  # noqa: F401  (plan re-exported)
+from .scenario import dump_toml, new_secrets, plan, with_secrets  # noqa: F401  (plan re-exported)
 
 
 class Progress:
@@ -105,7 +105,8 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     from .attack import check_attacks
     from .scenario import load_raw
     raw = load_raw(path, sets)
-    runs = plan(raw)
+    keys = read_secrets(Path(resume)) if resume else new_secrets(raw)
+    runs = plan(with_secrets(raw, keys))
     sc0 = runs[0]["sc"]
     attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
     check_attacks(attack_cfgs)
@@ -133,7 +134,8 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             raise UserError(f"cannot create the run folder {root} ({e.strerror}): set --out (or out = \"...\") to a "
                             f"writable folder") from None
         done, rows_by, keep = {}, defaultdict(list), []
-    resolved = dump_toml(raw)
+    resolved = dump_toml(raw)   # without the secret split seeds: those go to truth/
+    atomic_write(root / "truth" / "secrets.json", json.dumps(keys))
     atomic_write(root / "config.resolved.toml", resolved)
     atomic_write(root / "manifest.json", json.dumps({
         "scenario": sc0.name, "source": str(path), "sets": list(sets), "fdg_audit": __version__,

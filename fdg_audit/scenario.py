@@ -321,6 +321,23 @@ def plan(raw: dict) -> list[dict]:
     return runs
 
 
+def with_secrets(raw: dict, secrets: dict) -> dict:
+    """``raw`` with each dataset's secret split seed (``secrets``: {dataset index: seed}) where the scenario sets
+    none. The split of a domain into clients, members (train) and non-members (validation) then cannot be
+    recomputed from the scenario: the seeds live in the run folder's truth/, which attacks never see."""
+    raw = copy.deepcopy(raw)
+    for i, d in enumerate(raw.get("datasets", [])):
+        if str(i) in secrets and "split_seed" not in d:
+            d["split_seed"] = secrets[str(i)]
+    return raw
+
+
+def new_secrets(raw: dict) -> dict:
+    """A fresh 64-bit split seed for each dataset that sets no ``split_seed``."""
+    import secrets
+    return {str(i): secrets.randbits(64) for i, d in enumerate(raw.get("datasets", [])) if "split_seed" not in d}
+
+
 def dump_toml(raw: dict) -> str:
     """The resolved config as TOML (tomli-w)."""
     return tomli_w.dumps(raw)

@@ -14,6 +14,7 @@ seeds = [0, 1]
 [data]
 dataset = "digits"
 family = "rotated"
+split_seed = 0         # a public split: two folders can be compared (unset, each folder draws a secret one)
 per_domain = 60
 domains = ["rot0", "rot15", "rot30"]
 targets = ["rot0"]

@@ -170,3 +170,53 @@ def test_the_worker_sees_no_harness_environment_argv_or_cwd(copy, monkeypatch): 
                                                                         "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                                         "CUDA_VISIBLE_DEVICES"}
         assert str(copy) not in " ".join(s["argv"]) and "fdg_view_" in s["cwd"] and str(copy) not in s["cwd"]
+
+
+def _recompute_probe():
+    """A membership attack that rebuilds the data set with fdg_audit.data inside the worker, from the scenario's
+    public settings, and calls a candidate a member when its pixels are in the recomputed training split."""
+    from fdg_audit.attack import Attack, Scores
+
+    class Recompute(Attack):
+        name = "recompute"
+        consumes = ("weights",)
+        aux = ("candidates",)
+
+        def run(self, view, aux):
+            import torch
+
+            from fdg_audit.data import DataConfig, load_data
+            data = load_data(DataConfig(dataset="digits", family="rotated", per_domain=40,
+                                        domains=["rot0", "rot15", "rot30", "rot45"]))
+            out = []
+            for v, cand in aux.candidates.items():
+                train = data.domain(v).train.x.flatten(1)
+                hit = ((cand.x.flatten(1)[:, None] - train[None]).abs().amax(-1) < 1e-6).any(1)   # same pixels
+                out.append(Scores(v, "weights", 1, hit.float().numpy()))
+            return out
+    return Recompute
+
+
+Recompute = _recompute_probe()
+
+
+def test_truth_cannot_be_recomputed_in_the_worker(tmp_path):
+    """Each run folder draws its own secret split seed (truth/secrets.json, never in the view or the resolved
+    config): the rebuilt split says nothing about membership (AUC at chance, not the 1.0 of a public split)."""
+    import csv
+
+    from fdg_audit.attack import run_attacks
+    from fdg_audit.runner import run_scenario
+    from test_attack_framework import SCENARIO
+    aucs = {}
+    for name, extra in (("secret", ""), ("public", "split_seed = 0\n")):
+        f = tmp_path / f"{name}.toml"
+        f.write_text(SCENARIO.replace('family = "rotated"\n', f'family = "rotated"\n{extra}'))
+        root = run_scenario(str(f), out=str(tmp_path / name), quiet=True)
+        assert "split_seed" not in (root / "config.resolved.toml").read_text() or name == "public"
+        run_attacks(root, [{"name": f"{__name__}:Recompute"}], quiet=True)
+        with open(root / "leakage.csv", newline="") as fh:
+            aucs[name] = [float(r["value"]) for r in csv.DictReader(fh)
+                          if r["attack"] == "recompute" and r["metric"] == "auc" and r["victim"] != "pooled"]
+    assert aucs["public"] and min(aucs["public"]) == 1.0          # the attack works when the split is public
+    assert aucs["secret"] and max(abs(a - 0.5) for a in aucs["secret"]) < 0.2, aucs
