@@ -283,7 +283,7 @@ def control_world(device: str = "cpu"):
     domain samples per client domain (from its validation split). Returns (view, aux, clients' (train, val))."""
     from fdg_audit.data import DataConfig, load_data
     from fdg_audit.models import ModelConfig
-    data = load_data(DataConfig(family="appearance", domains=["grey", "inverted", "texture", "colour"]))
+    data = load_data(DataConfig(dataset="digits", family="appearance", domains=["grey", "inverted", "texture", "colour"]))
     *sources, pub = data.domains
     clients = {d.name: (d.train, d.val) for d in sources}
     samples = {d.name: Split(d.val.x[:40], d.val.y[:40], d.val.idx[:40]) for d in sources}

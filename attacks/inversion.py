@@ -427,7 +427,7 @@ class UpdateInversion(Attack):
         from fdg_audit.models import ModelConfig, build_model
 
         dev = self.device
-        d = load_data(DataConfig(domains=["rot0"], per_domain=60)).domains[0].train
+        d = load_data(DataConfig(dataset="digits", domains=["rot0"], per_domain=60)).domains[0].train
         torch.manual_seed(self.p.seed)
         net = build_model(ModelConfig("cnn_small"), 1, 10, 28).to(dev)
         theta = {k: v.detach().clone() for k, v in net.state_dict().items()}

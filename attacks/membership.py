@@ -446,7 +446,7 @@ def control_world(device: str = "cpu"):
     from fdg_audit.data import DataConfig, load_data
     from fdg_audit.models import ModelConfig
     from fdg_audit.plugins import load_method
-    data = load_data(DataConfig(domains=["rot0", "rot30", "rot60"]))
+    data = load_data(DataConfig(dataset="digits", domains=["rot0", "rot30", "rot60"]))
     k, rng = data.num_classes, np.random.default_rng(0)
     *sources, pub = data.domains
     clients, cands, members, fake, samples = {}, {}, {}, {}, {}

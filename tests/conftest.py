@@ -8,12 +8,24 @@ import pytest
 from fdg_audit.runner import run_scenario
 
 
+def public_split(text: str) -> str:
+    """The scenario with ``split_seed = 0`` in each data table that sets none: a public split, so two run folders of
+    the same scenario can be compared (unset, each folder draws a secret one)."""
+    out = []
+    for line in textwrap.dedent(text).splitlines():
+        out.append(line)
+        if line.strip() in ("[data]", "[[datasets]]") and "split_seed" not in text:
+            out.append("split_seed = 0")
+    return "\n".join(out) + "\n"
+
+
 @pytest.fixture
 def run_toml(tmp_path):
-    """``run_toml(text, *sets) -> run folder``: write the scenario text and run it quietly."""
+    """``run_toml(text, *sets) -> run folder``: write the scenario text (with a public split, ``public_split``) and
+    run it quietly."""
     def run(text: str, *sets: str, name: str = "t"):
         f = tmp_path / f"{name}.toml"
-        f.write_text(textwrap.dedent(text))
+        f.write_text(public_split(text))
         return run_scenario(str(f), list(sets), out=str(tmp_path / "runs"), quiet=True)
     return run
 

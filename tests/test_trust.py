@@ -18,6 +18,7 @@ from fdg_audit.attack import Attack, Skipped, Scores, run_attacks
 from fdg_audit.cli import main
 
 HERE = __name__
+from conftest import public_split  # noqa: E402
 from test_attack_framework import SCENARIO  # noqa: E402  (4 rotated-digit domains, 40 images each, 2 rounds)
 ENV = dict(os.environ, OMP_NUM_THREADS="1",
            PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
@@ -26,7 +27,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1",
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     out = tmp_path_factory.mktemp("trust")
-    (out / "s.toml").write_text(SCENARIO.replace('name = "fw"', 'name = "tr"'))
+    (out / "s.toml").write_text(public_split(SCENARIO.replace('name = "fw"', 'name = "tr"')))
     return runner.run_scenario(str(out / "s.toml"), out=str(out / "runs"), quiet=True)
 
 
@@ -268,7 +269,7 @@ TWO = SCENARIO.replace('targets = ["rot45"]', 'targets = ["rot45", "rot30"]')
 
 def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monkeypatch):
     f = tmp_path / "two.toml"
-    f.write_text(TWO)
+    f.write_text(public_split(TWO))
     assert main(["scenario", str(f), "--out", str(tmp_path / "a"), "--quiet"]) == 0
     (a,) = (tmp_path / "a" / "fw").iterdir()
     real, calls = runner.run_federation, []
