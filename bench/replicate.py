@@ -1,8 +1,9 @@
 """Does the verdict replicate? The main job's "distinguishable" claims under another thread count and another seed set.
 
-    python bench/replicate.py [SCENARIO] [--base RUN_DIR] [--out DIR] [--set key=value ...]
+    python bench/replicate.py [SCENARIO] [--base DIR] [--threads2 DIR] [--seeds DIR] [--out DIR] [--set k=v ...]
 
-Runs the scenario three times (or reuses ``--base``, a finished run folder of the scenario as it is):
+Runs the scenario three times (or reuses a finished run folder for any of them: ``--base``, ``--threads2``,
+``--seeds``):
   * base:          the scenario as written (seeds 0-4, one torch thread per run);
   * threads = 2:   the same seeds, one run at a time on two torch threads (other floating-point sums);
   * seeds 5-9:     the scenario's thread setting, seeds shifted by the number of seeds (another seed set).
@@ -47,6 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario", nargs="?", default=str(ROOT / "scenarios" / "feddg_vs_csac.toml"))
     ap.add_argument("--base", default="", help="a finished run folder of the scenario as written (skips that run)")
+    ap.add_argument("--threads2", default="", help="a finished run folder of the threads = 2 variant")
+    ap.add_argument("--seeds", default="", help="a finished run folder of the shifted-seeds variant")
     ap.add_argument("--out", default="/tmp/fdg_replicate")
     ap.add_argument("--set", nargs="*", default=[], dest="sets")
     a = ap.parse_args()
@@ -57,10 +60,10 @@ def main() -> None:
                 [f"seeds={shifted}"] + [f"attacks.{e['label'] if 'label' in e else e['name']}.seeds="
                                         f"{[s + len(seeds) for s in e['seeds']]}"
                                         for e in raw.get("attacks", []) if isinstance(e, dict) and e.get("seeds")]}
-    roots = {}
+    roots, given = {}, dict(zip(variants, (a.base, a.threads2, a.seeds)))
     for name, sets in variants.items():
-        if name == "base" and a.base:
-            roots[name] = Path(a.base)
+        if given[name]:
+            roots[name] = Path(given[name])
             continue
         t = time.perf_counter()
         roots[name] = run_scenario(a.scenario, list(a.sets) + sets, out=str(Path(a.out) / name.replace(" ", "")),
