@@ -37,10 +37,11 @@ _TYPES = {"run": str, "method": str, "round": int, "phase": str, "seq": int, "se
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves a half-written file."""
+    """Write via a temporary file and rename, so a crash never leaves a half-written file. The temporary name is
+    the writer's own (process id), so two processes writing the same content-addressed payload do not collide."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     os.replace(tmp, path)
 
