@@ -2,10 +2,10 @@
 
     python bench/scenario_time.py [SCENARIO] [--threads N] [--set key=value ...]
 
-Default: scenarios/feddg_vs_csac.toml (the main job; its promise is 10 minutes on 2 CPU cores). Runs the
+Default: scenarios/feddg_vs_csac.toml (the main job; its target is 15 minutes on 2 CPU cores). Runs the
 scenario in this process and wraps, without changing them, ``run_federation`` (training + evaluation),
-``federation.accuracy`` (evaluation), each attack's controls and runs (per attack, worker processes included) and the scorer, and
-``write_report``. It prints wall time and CPU time (this process and its children) per phase, and each phase's
+``federation.accuracy`` (evaluation), each attack's controls, runs and scoring (per attack, worker processes
+included), and ``write_report``. It prints wall time and CPU time (this process and its children) per phase, and each phase's
 share of the total. On a shared machine wall time is inflated by the other processes; the CPU-time shares stay
 comparable, and with ``--threads 1`` the CPU time is the single-core work, an upper bound of the wall time on an
 idle machine with one core free for this job.
@@ -58,11 +58,10 @@ def main() -> None:
     F.accuracy = timed("evaluation", F.accuracy)
     fed = RUN.run_federation
     RUN.run_federation = lambda spec, *a, **k: timed(f"training {spec.method}", fed)(spec, *a, **k)
-    # attacks run in worker processes (fdg_audit.sandbox): time the harness calls that wait for them, per label
-    ex, ctl = A._execute, A._controls
-    A._execute = lambda atk, job, *a, **k: timed(f"attack {job['label']}", ex)(atk, job, *a, **k)
-    A._controls = lambda atk, job, *a, **k: timed(f"attack {job['label']}", ctl)(atk, job, *a, **k)
-    A.score = timed("scoring", A.score)
+    # attacks run in worker processes (fdg_audit.sandbox), several at once with parallel > 1: time each attack's
+    # whole phase (controls, runs, scoring of its outputs), per label
+    one = A.attack_runs
+    A.attack_runs = lambda root, label, *a, **k: timed(f"attack {label}", one)(root, label, *a, **k)
     R.write_report = timed("report", R.write_report)
     import fdg_audit.report  # noqa: F401  (runner imports write_report from here at call time)
     # parallel runs train in worker processes: time the whole run loop (training and evaluation) from the start

@@ -28,6 +28,7 @@ import sys
 import time
 import traceback
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from .data import Split
 from .errors import UserError
 from .ledger import Ledger, atomic_write
 from .plugins import available, load_attack
-from .sandbox import AdversaryView, AttackFailed, Aux, Message, run_isolated, view_envelopes  # noqa: F401
+from .sandbox import AdversaryView, AttackFailed, Aux, Message, run_isolated, stop_workers, view_envelopes  # noqa: F401
 
 ADVERSARIES = ("server", "client", "eavesdropper")
 AUX = ("public", "domain_samples", "candidates", "layout")
@@ -433,11 +434,14 @@ def _execute(atk, job: dict, ledger, envs: list, run: dict, me: str, aux, device
     return run_isolated(job, OUTPUTS, ledger, envs, aux)["outputs"]
 
 
-def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: bool = True) -> Path:
+def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: bool = True, parallel: int = 1,
+                threads: int = 0) -> Path:
     """Run attacks on every finished run of a run folder; write leakage.csv, controls and grids.
 
     ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.sandbox); False runs
-    it in this process, for debugging, with no boundary enforced."""
+    it in this process, for debugging, with no boundary enforced. ``parallel``: worker processes at once (an
+    attack's control and its runs), each on ``threads`` torch threads (0: this process's count split among them);
+    rows, items and grids come out in plan order whatever finishes first."""
     from .ledger import open_verified, read_summary
     from .params import resolve_device
     root = Path(root)
@@ -448,66 +452,18 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     attacks = [_make(c, device) for c in attack_cfgs]
     used = {label for labels in _selection(ledger, runs, attacks, device, True).values() for label in labels}
     attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
+    parallel = max(1, parallel) if isolate else 1
+    threads = threads or (max(1, torch.get_num_threads() // parallel) if parallel > 1 else 0)
     rows, controls, cache = [], [], {}
-    for label, atk, job in attacks:
-        t0, attacked = time.perf_counter(), 0
-        ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where
-        for c in _controls(atk, job, isolate):   # there is none) makes every number of this attack "not measurable"
-            ok &= c.passed
-            controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
-        for run_id, run in runs.items():
-            if not wanted(atk, run):
-                continue
-            me = observer(atk, run)
-            status = "ok" if ok else "not measurable (control failed)"
-            row = lambda o, victim, r: dict(  # noqa: E731
-                {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
-                attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
-                victim=victim, output=getattr(o, "variant", ""), status=status, **r)
-            note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
-                o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
-            if atk.adversary == "client" and me not in run["clients"]:
-                rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
-                continue
-            envs = view_envelopes(ledger, run_id, atk.adversary, me)
-            if not applicable(atk, {e.kind for e in envs if ledger.stored(e)}):
-                continue
-            key = (run_id, tuple(sorted(atk.aux)))   # built once per run (and aux need), shared by the attacks
-            aux, members = cache[key] if key in cache else cache.setdefault(key, build_aux(run, atk.aux, run["seed"]))
-            truth = cache[run_id] if run_id in cache else cache.setdefault(run_id, Truth(root, run))
-            if not quiet and sys.stderr.isatty():
-                sys.stderr.write(f"\rattack {label} on {run_id} ...")
-            attacked += 1
-            try:
-                outs = _execute(*salted(atk, job, run["seed"]), ledger, envs, run, me, aux, device, isolate)
-            except UserError:
-                raise
-            except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
-                detail = e.detail if isinstance(e, AttackFailed) else traceback.format_exc()
-                print(f"attack {label} failed on {run_id}: {detail or e}", file=sys.stderr)
-                rows.append(note("failed", f"failed: {e}" if isinstance(e, AttackFailed) else
-                                 f"failed: {type(e).__name__}: {e}"))
-                continue
-            start = len(rows)
-            for o in outs:
-                if isinstance(o, Skipped):
-                    rows.append(note("skipped", f"skipped: {o.reason}", o, o.victim))
-                    continue
-                try:
-                    scored = score(o, truth, members, aux)
-                except FileNotFoundError as e:   # e.g. a DP audit of a run without canaries
-                    rows.append(note("skipped", f"skipped: {e}", o, o.victim))
-                    continue
-                rows += [row(o, o.victim, r) for r in scored]
-                if isinstance(o, Reconstruction) and hasattr(o, "scored"):
-                    _save_grid(root, label, run_id, o)
-            for o in _pooled(outs):   # membership scores pooled over victims (resolves lower FPRs)
-                rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
-            _save_scores(root, label, run_id, outs, members)
-            _save_items(root, label, run_id, rows[start:])
-        if not quiet and not sys.stderr.isatty() and attacked:   # batch jobs: one line per attack
-            print(f"attack {label}: {attacked} runs, {time.perf_counter() - t0:.0f} s"
-                  + ("" if ok else " (a control failed: not measurable)"), file=sys.stderr, flush=True)
+    pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
+    try:
+        for label, atk, job in attacks:
+            job = dict(job, threads=threads) if threads else job
+            rows += attack_runs(root, label, atk, job, ledger, runs, cache, controls, device, isolate, pool, quiet)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_workers()   # an error or Ctrl-C: the attack processes still running stop at once
     # re-running some attacks replaces their rows and controls and keeps every other attack's
     labels = {label for label, _, _ in attacks}
     if (root / "leakage.csv").exists():
@@ -521,6 +477,95 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
         sys.stderr.write("\n")
     return root / "leakage.csv"
 
+
+def attack_runs(root: Path, label: str, atk, job: dict, ledger, runs: dict, cache: dict, controls: list, device,
+                isolate: bool, pool, quiet: bool) -> list[dict]:
+    """One attack: its controls and every run it applies to (in ``pool``'s threads when given); appends to
+    ``controls`` and returns the attack's rows (per-item values and grids are saved on the way)."""
+    t0 = time.perf_counter()
+    jobs, rows = [], []
+    for run_id, run in runs.items():
+        if not wanted(atk, run):
+            continue
+        me = observer(atk, run)
+        if atk.adversary == "client" and me not in run["clients"]:
+            jobs.append((run_id, run, me, None, f"skipped: {me} is not a client of this run"))
+            continue
+        envs = view_envelopes(ledger, run_id, atk.adversary, me)
+        if not applicable(atk, {e.kind for e in envs if ledger.stored(e)}):
+            continue
+        key = (run_id, tuple(sorted(atk.aux)))   # built once per run (and aux need), shared by the attacks
+        if key not in cache:
+            cache[key] = build_aux(run, atk.aux, run["seed"])
+        jobs.append((run_id, run, me, envs, None))
+    submit = (lambda f, *a: pool.submit(f, *a)) if pool is not None else _Later
+    ctl = submit(_controls, atk, job, isolate)
+    futs = [submit(_execute, *salted(atk, job, run["seed"]), ledger, envs, run, me,
+                   cache[(run_id, tuple(sorted(atk.aux)))][0], device, isolate) if why is None else None
+            for run_id, run, me, envs, why in jobs]
+    ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where there is
+    for c in ctl.result():   # none) makes every number of this attack "not measurable"
+        ok &= c.passed
+        controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
+    status = "ok" if ok else "not measurable (control failed)"
+    for (run_id, run, me, envs, why), fut in zip(jobs, futs):
+        row = lambda o, victim, r: dict(  # noqa: E731
+            {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
+            attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
+            victim=victim, output=getattr(o, "variant", ""), status=status, **r)
+        note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
+            o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
+        if why is not None:
+            rows.append(note("skipped", why))
+            continue
+        if not quiet and sys.stderr.isatty():
+            sys.stderr.write(f"\rattack {label} on {run_id} ...")
+        members = cache[(run_id, tuple(sorted(atk.aux)))][1]
+        aux = cache[(run_id, tuple(sorted(atk.aux)))][0]
+        truth = cache[run_id] if run_id in cache else cache.setdefault(run_id, Truth(root, run))
+        try:
+            outs = fut.result()
+        except UserError:
+            raise
+        except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
+            detail = e.detail if isinstance(e, AttackFailed) else traceback.format_exc()
+            print(f"attack {label} failed on {run_id}: {detail or e}", file=sys.stderr)
+            rows.append(note("failed", f"failed: {e}" if isinstance(e, AttackFailed) else
+                             f"failed: {type(e).__name__}: {e}"))
+            continue
+        start = len(rows)
+        for o in outs:
+            if isinstance(o, Skipped):
+                rows.append(note("skipped", f"skipped: {o.reason}", o, o.victim))
+                continue
+            try:
+                scored = score(o, truth, members, aux)
+            except FileNotFoundError as e:   # e.g. a DP audit of a run without canaries
+                rows.append(note("skipped", f"skipped: {e}", o, o.victim))
+                continue
+            rows += [row(o, o.victim, r) for r in scored]
+            if isinstance(o, Reconstruction) and hasattr(o, "scored"):
+                _save_grid(root, label, run_id, o)
+        for o in _pooled(outs):   # membership scores pooled over victims (resolves lower FPRs)
+            rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)]
+        _save_scores(root, label, run_id, outs, members)
+        _save_items(root, label, run_id, rows[start:])
+    attacked = sum(f is not None for f in futs)
+    if not quiet and not sys.stderr.isatty() and attacked:   # batch jobs: one line per attack
+        print(f"attack {label}: {attacked} runs, {time.perf_counter() - t0:.0f} s"
+              + ("" if ok else " (a control failed: not measurable)"), file=sys.stderr, flush=True)
+    return rows
+
+
+class _Later:
+    """A call made when its ``result()`` is asked for, as a future's (the serial path of ``attack_runs``: the
+    control first, then each run in plan order)."""
+
+    def __init__(self, f, *a):
+        self.call = lambda: f(*a)
+
+    def result(self):
+        return self.call()
 
 def salted(atk, job: dict, run_seed: int) -> tuple:
     """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
@@ -669,12 +714,11 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
     root = Path(run_dir)
     read_summary(root)
     with from_folder(root, allow=names, trust=trust):
-        if names:
-            cfgs = [{"name": n} for n in names]
-        else:
-            from .scenario import load_raw, parse
-            cfgs = [dict(name=a.name, label=a.label, **a.params)
-                    for a in parse(load_raw(root / "config.resolved.toml")).attacks] or \
-                [{"name": n} for n in sorted(available("attack"))]
-        out = run_attacks(root, cfgs, quiet, isolate)
+        from .scenario import Scenario, load_raw, parse
+        cfg = root / "config.resolved.toml"   # its attacks, and its parallel and threads settings
+        sc = parse(load_raw(cfg)) if cfg.exists() or not names else Scenario()
+        cfgs = [{"name": n} for n in names] if names else \
+            [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks] or \
+            [{"name": n} for n in sorted(available("attack"))]
+        out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
     return f"leakage: {out}"

@@ -181,7 +181,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     try:
         if attack_cfgs:
             from .attack import run_attacks
-            run_attacks(root, attack_cfgs, quiet=quiet)
+            run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads)
         if sc0.report:
             from .report import write_report
             write_report([root], root, quiet=quiet)

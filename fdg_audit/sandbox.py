@@ -200,7 +200,7 @@ def _worker(folder: str, paths: dict) -> None:
     root = Path(folder)
     try:
         spec = json.loads((root / "view.json").read_text())
-        torch.set_num_threads(spec["threads"])   # the harness's count: the same numbers as in-process
+        torch.set_num_threads(spec["threads"])   # the job's count, else the harness's: the numbers of in-process
         from .plugins import load_attack, load_method
         if "run" in spec:   # the method first, so view.protocol finds the installed module, not a shadow
             sys.path[:] = paths["method"]
@@ -258,6 +258,17 @@ def materialise(folder: Path, ledger: Ledger, envs: list) -> None:
     (folder / "messages.jsonl").write_text("".join(lines))
 
 
+_LIVE = set()   # attack processes running now (several when attacks run in parallel), for stop_workers
+
+
+def stop_workers() -> None:
+    """Stop every attack process still running (after an error or Ctrl-C in the harness); their results are
+    dropped, as an interrupted attack's are."""
+    for p in list(_LIVE):
+        if p.is_alive():
+            p.kill()
+
+
 def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: list = (), aux: Aux | None = None):
     """Run one attack job in a worker process whose only input is a fresh view folder; return its result.
 
@@ -268,11 +279,16 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
         if spec["mode"] == "run":
             materialise(folder, ledger, list(envs))
             torch.save(pack(aux), folder / "aux.pt")
-        atomic_write(folder / "view.json", json.dumps(dict(spec, threads=torch.get_num_threads()), default=str))
+        atomic_write(folder / "view.json", json.dumps(dict(spec, threads=spec.get("threads") or torch.get_num_threads()),
+                                                      default=str))
         paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
         p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
-        p.start()
-        p.join()
+        _LIVE.add(p)
+        try:
+            p.start()
+            p.join()
+        finally:
+            _LIVE.discard(p)
         if not (folder / "result.pt").exists():
             raise AttackFailed(f"the attack process exited with code {p.exitcode} and no result")
         res = torch.load(folder / "result.pt", weights_only=True)

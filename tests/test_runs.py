@@ -84,3 +84,24 @@ def test_a_parallel_run_error_is_one_line_and_stops_the_other_runs(run_toml):
     assert time.perf_counter() - t < 60
     from fdg_audit import runner
     assert not runner._POOL
+
+
+def test_parallel_attacks_write_what_serial_attacks_write(run_toml):
+    """The attack phase two worker processes at a time (parallel = 2, one thread each) writes leakage.csv,
+    controls.json and every items/*.npz as the same attacks one at a time on one thread do."""
+    attacks = TWO + """
+[[attacks]]
+name = "amplitude_fingerprint"
+[[attacks]]
+name = "label_distribution"
+[[attacks]]
+name = "mia_loss"
+max_victims = 1
+"""
+    seq = run_toml(attacks, "report=false", name="aseq")
+    par = run_toml(attacks, "report=false", "parallel=2", name="apar")
+    for f in ("leakage.csv", "controls.json"):
+        assert (seq / f).read_bytes() == (par / f).read_bytes(), f
+    items = sorted(p.relative_to(seq) for p in (seq / "items").rglob("*.npz"))
+    assert items and items == sorted(p.relative_to(par) for p in (par / "items").rglob("*.npz"))
+    assert all((seq / p).read_bytes() == (par / p).read_bytes() for p in items)
