@@ -1,14 +1,17 @@
-"""Wall-time ratio of running a scenario's attacks in worker processes on materialised views (the default) versus
-inside the harness process (``isolate=False``, the unenforced debugging mode).
+"""Wall-time ratios of a scenario's attacks in each worker kind: a bubblewrap sandbox (fresh interpreter per worker;
+when bubblewrap works here), a forkserver process (the default without bubblewrap), and inside the harness process
+(``isolate=False``, the unenforced debugging mode).
 
     python bench/attack_isolation.py [--scenario scenarios/feddg_vs_csac.toml] [--rounds 2] [--repeats 2]
                                      [--attacks NAME ...] [--per-domain N] [--keep DIR]
 
 Trains the scenario once, shortened (``--rounds``, only the targets its attacks name, payloads of every round
-kept, no attacks, no report), then runs its [[attacks]] on that folder alternately isolated and in-process and
-prints the median wall times and their ratio. The first isolated pass also starts the forkserver (timed apart).
+kept, no attacks, no report), then runs its [[attacks]] on that folder in each mode in turn, ``--repeats`` times,
+and prints the median wall times, their ratios, and the number of worker processes one pass starts (so the cost
+per worker can be read off). The first isolated pass also starts the forkserver (timed apart).
 """
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -16,6 +19,8 @@ from pathlib import Path
 
 import tomli_w
 
+import fdg_audit.attack as A
+from fdg_audit import sandbox
 from fdg_audit.attack import run_attacks
 from fdg_audit.data import load_data
 from fdg_audit.runner import run_scenario
@@ -32,7 +37,9 @@ def main() -> None:
     ap.add_argument("--keep", default="", help="train into this folder, or reuse the run folder trained there")
     a = ap.parse_args()
     raw = load_raw(a.scenario)
-    cfgs = [dict(t) for t in raw.pop("attacks", []) if not a.attacks or t.get("label", t["name"]) in a.attacks]
+    cfgs = [dict(name=e.name, label=e.label, **e.params) for e in parse(raw).attacks   # "all" expanded
+            if not a.attacks or e.label in a.attacks]
+    raw.pop("attacks", None)
     targets = {t for c in cfgs for t in c.get("targets", [])}
     for d, entry in zip(raw["datasets"], parse(raw).datasets):
         names = load_data(entry).names
@@ -55,18 +62,31 @@ def main() -> None:
             print(f"trained {a.scenario} ({a.rounds} rounds) in {time.perf_counter() - t0:.1f}s", flush=True)
         print(f"attacks: {', '.join(c.get('label', c['name']) for c in cfgs)} on {root}", flush=True)
         t0 = time.perf_counter()
+        os.environ["FDG_AUDIT_SANDBOX"] = "process"
         run_attacks(root, cfgs[:1], quiet=True, isolate=True)   # starts the forkserver (once per process)
         print(f"first isolated attack incl. forkserver start: {time.perf_counter() - t0:.1f}s", flush=True)
-        times = {True: [], False: []}
+        modes = ["bwrap"] * sandbox.bwrap_works() + ["process", "in-process"]
+        times, launches = {m: [] for m in modes}, []
+        start = sandbox.run_isolated
+
+        def counted(*args, **kw):
+            launches.append(1)
+            return start(*args, **kw)
+        sandbox.run_isolated = A.run_isolated = counted
         for _ in range(a.repeats):
-            for isolate in (True, False):
+            for m in modes:
+                os.environ["FDG_AUDIT_SANDBOX"] = m if m != "in-process" else "process"
+                launches.clear()
                 t0 = time.perf_counter()
-                run_attacks(root, cfgs, quiet=True, isolate=isolate)
-                times[isolate].append(time.perf_counter() - t0)
-                print(f"{'isolated' if isolate else 'in-process'}: {times[isolate][-1]:.1f}s", flush=True)
-    iso, inp = statistics.median(times[True]), statistics.median(times[False])
-    print(f"isolated {iso:.2f}s  in-process {inp:.2f}s  ratio {iso / inp:.3f}  "
-          f"(medians of {a.repeats}, alternating; isolated {times[True]}, in-process {times[False]})")
+                run_attacks(root, cfgs, quiet=True, isolate=m != "in-process")
+                times[m].append(time.perf_counter() - t0)
+                print(f"{m}: {times[m][-1]:.1f}s ({len(launches)} workers)", flush=True)
+    med = {m: statistics.median(t) for m, t in times.items()}
+    print("medians of %d: " % a.repeats + ", ".join(f"{m} {v:.2f}s" for m, v in med.items()))
+    for m in modes[:-1]:
+        print(f"{m} / in-process: {med[m] / med['in-process']:.3f}")
+    if "bwrap" in med:
+        print(f"bwrap / process: {med['bwrap'] / med['process']:.3f}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,9 @@
 Default: scenarios/feddg_vs_csac.toml (the main job; its target is 15 minutes on 2 CPU cores). Runs the
 scenario in this process and wraps, without changing them, ``run_federation`` (training + evaluation),
 ``federation.accuracy`` (evaluation), each attack's controls, runs and scoring (per attack, worker processes
-included), and ``write_report``. It prints wall time and CPU time (this process and its children) per phase, and each phase's
-share of the total. On a shared machine wall time is inflated by the other processes; the CPU-time shares stay
-comparable, and with ``--threads 1`` the CPU time is the single-core work, an upper bound of the wall time on an
-idle machine with one core free for this job.
+included), and ``write_report``. It prints the wall time per phase and its share of the total, and CPU time of
+this process and the children it reaps. Worker processes forked by the forkserver (parallel runs, attack workers)
+are not its children: their CPU is missing from the CPU column, so read the wall shares, on an idle machine.
 """
 from __future__ import annotations
 
@@ -96,9 +95,9 @@ def main() -> None:
     CPU["other (plan, ledger, attack harness)"] = total - sum(CPU.values())
     print(f"scenario {a.scenario} -> {root}")
     print(f"total: wall {wall:.1f} s ({wall / 60:.2f} min), CPU {total:.1f} s ({total / 60:.2f} min)")
-    print(f"{'phase':<44} {'wall s':>8} {'CPU s':>8} {'CPU share':>9}")
-    for k in sorted(CPU, key=lambda k: -CPU[k]):
-        print(f"{k:<44} {WALL[k]:>8.1f} {CPU[k]:>8.1f} {CPU[k] / max(total, 1e-9):>9.1%}")
+    print(f"{'phase':<44} {'wall s':>8} {'share':>7} {'CPU s':>8}")
+    for k in sorted(WALL, key=lambda k: -WALL[k]):
+        print(f"{k:<44} {WALL[k]:>8.1f} {WALL[k] / max(wall, 1e-9):>7.1%} {CPU[k]:>8.1f}")
 
 
 if __name__ == "__main__":

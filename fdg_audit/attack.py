@@ -31,6 +31,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,8 @@ from .data import Split
 from .errors import UserError
 from .ledger import Ledger, atomic_write
 from .plugins import available, load_attack
-from .sandbox import AdversaryView, AttackFailed, Aux, Message, run_isolated, stop_workers, view_envelopes  # noqa: F401
+from .sandbox import (AdversaryView, AttackFailed, Aux, Message, portrait, run_isolated, stop_workers,  # noqa: F401
+                      view_envelopes)
 
 ADVERSARIES = ("server", "client", "eavesdropper")
 AUX = ("public", "domain_samples", "candidates", "layout")
@@ -387,30 +389,84 @@ def _runs(root: Path, summary: dict | None = None) -> dict[str, dict]:
 OUTPUTS = {c.__name__: c for c in (Reconstruction, Scores, Predictions, Estimate, Audit, Skipped, Control)}
 
 
-def _make(cfg: dict, device):
-    """(label, attack instance, job spec for the worker) of one [[attacks]] entry, validated."""
+@dataclass
+class Described:
+    """An attack as the harness knows it: what a metadata probe read off the plugin in a throw-away worker
+    (``describe``), so that plugin code (its import, ``__init__``) never runs in the harness. ``p``: its
+    parameters after ``__init__``, as plain values."""
+    name: str
+    consumes: tuple
+    adversary: str
+    aux: tuple
+    target: str
+    p: Any
+
+
+_DESCRIBED: dict = {}   # probe results of this process, by (attack config, device, import path)
+
+
+def describe(cfg: dict, device) -> tuple[str, Any, dict]:
+    """(label, attack, job spec for the worker) of one [[attacks]] entry, validated. The attack is a ``Described``
+    read by a probe worker (one per entry and process); the name is checked against a run folder's guard
+    (``plugins.resolve``) first."""
+    from .params import safe_name
+    from .plugins import import_path, resolve
+    cfg = dict(cfg)
+    name, label = cfg.pop("name"), cfg.pop("label", None) or None
+    resolve("attack", name)
+    if label:
+        safe_name(label, f"attacks.{label}.label")
+    key = (json.dumps(cfg, sort_keys=True, default=str), name, str(device), tuple(import_path(name)))
+    if key not in _DESCRIBED:
+        job = dict(attack=name, label=label, params=cfg, device=str(device), mode="describe")
+        _DESCRIBED[key] = _checked(run_isolated(job, OUTPUTS)["describe"], label or name)
+    d = _DESCRIBED[key]
+    label = label or d.name or name
+    safe_name(label, f"attacks.{label}.label")
+    return label, d, dict(attack=name, label=label, params=cfg, device=str(device))
+
+
+def _checked(d, label: str) -> Described:
+    """A probe's answer, checked as data from plugin code: the harness decides with it which runs and views the
+    worker gets."""
+    strs = lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)  # noqa: E731
+    if not (isinstance(d, dict) and isinstance(d.get("name"), str) and strs(d.get("consumes"))
+            and strs(d.get("aux")) and isinstance(d.get("params"), dict)):
+        raise UserError(f"attack {label}: its class does not describe itself (name, consumes, aux, Params): "
+                        "see attacks/README.md")
+    if d.get("adversary") not in ADVERSARIES:
+        raise UserError(f"attack {label}: adversary {d.get('adversary')!r} is not one of {ADVERSARIES}")
+    if set(d["aux"]) - set(AUX):
+        raise UserError(f"attack {label}: aux {sorted(set(d['aux']) - set(AUX))} unknown; use a subset of {AUX}")
+    p = SimpleNamespace(**d["params"])
+    mv = getattr(p, "max_victims", 0)
+    if not isinstance(mv, int) or isinstance(mv, bool) or mv < 0:
+        raise UserError(f"attacks.{label}.max_victims = {mv!r}: use 0 (every victim) or a positive integer")
+    return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]), str(d.get("target", "")), p)
+
+
+def make_attack(cfg: dict, device):
+    """(label, attack instance, job spec) built in this process, for ``isolate = False`` (debugging only: plugin
+    code then runs in the harness)."""
+    from .params import safe_name, typed
     cfg = dict(cfg)
     name, label = cfg.pop("name"), cfg.pop("label", None) or None
     cls = load_attack(name)
-    from .params import typed
     label = label or cls.name or name
-    from .params import safe_name
     safe_name(label, f"attacks.{label}.label")
-    p = typed(cls.Params, cfg, f"attacks.{label}")
-    if not isinstance(p.max_victims, int) or p.max_victims < 0:
-        raise UserError(f"attacks.{label}.max_victims = {p.max_victims!r}: use 0 (every victim) or a positive integer")
-    atk = cls(p, device)
-    if atk.adversary not in ADVERSARIES:
-        raise UserError(f"attack {label}: adversary {atk.adversary!r} is not one of {ADVERSARIES}")
-    if set(atk.aux) - set(AUX):
-        raise UserError(f"attack {label}: aux {sorted(set(atk.aux) - set(AUX))} unknown; use a subset of {AUX}")
+    atk = cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    _checked(portrait(atk), label)
     return label, atk, dict(attack=name, label=label, params=cfg, device=str(device))
 
 
+def _make(cfg: dict, device, isolate: bool = True):
+    return describe(cfg, device) if isolate else make_attack(cfg, device)
+
+
 def check_attacks(attack_cfgs: list[dict]) -> None:
-    """Every attack loads and its parameters are valid (before any training)."""
+    """Every attack loads and its parameters are valid (before any training), each probed in a worker."""
     for c in attack_cfgs:
-        _make(c, "cpu")
+        describe(c, "cpu")
 
 
 def _controls(atk, job: dict, isolate: bool) -> list:
@@ -449,7 +505,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
     ledger = open_verified(root, summary)
     runs = _runs(root, summary)
     device = torch.device(resolve_device("auto"))
-    attacks = [_make(c, device) for c in attack_cfgs]
+    attacks = [_make(c, device, isolate) for c in attack_cfgs]
     used = {label for labels in _selection(ledger, runs, attacks, device, True).values() for label in labels}
     attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
     parallel = max(1, parallel) if isolate else 1
@@ -460,10 +516,10 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
         for label, atk, job in attacks:
             job = dict(job, threads=threads) if threads else job
             rows += attack_runs(root, label, atk, job, ledger, runs, cache, controls, device, isolate, pool, quiet)
-    finally:
+    finally:   # an error or Ctrl-C: queued jobs never start, the attack processes still running stop at once
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-            stop_workers()   # an error or Ctrl-C: the attack processes still running stop at once
+        stop_workers()
     # re-running some attacks replaces their rows and controls and keeps every other attack's
     labels = {label for label, _, _ in attacks}
     if (root / "leakage.csv").exists():
@@ -567,15 +623,17 @@ class _Later:
     def result(self):
         return self.call()
 
+
 def salted(atk, job: dict, run_seed: int) -> tuple:
     """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
     different seeds draw independent attack randomness (restarts, batches, probes) and the intervals over seeds
     include it; an attack without a ``seed`` parameter is returned as is. Controls keep the unsalted seed."""
-    if "seed" not in {f.name for f in dataclasses.fields(atk.p)}:
+    if not hasattr(atk.p, "seed"):
         return atk, job
     seed = zlib.crc32(f"{atk.p.seed}:{int(run_seed)}".encode())
     a = copy.copy(atk)
-    a.p = dataclasses.replace(atk.p, seed=seed)
+    a.p = copy.copy(atk.p)
+    a.p.seed = seed
     return a, dict(job, params=dict(job["params"], seed=seed))
 
 

@@ -87,14 +87,24 @@ def _import(path: str, kind: str, name: str = ""):
         raise UserError(f"module {mod!r} has no {attr!r}: check the \"module:Class\" name of the {kind}") from None
 
 
-def load(kind: str, name: str):
-    """Resolve a plugin by registered name or by "module:Class" (see ``from_folder`` for run folders)."""
+def resolve(kind: str, name: str) -> str:
+    """The "module:Class" of plugin ``name`` (a registered name or the path itself), checked as ``load`` checks it
+    (see ``from_folder`` for run folders), without importing anything."""
     path = available(kind).get(name)
     if path is None and _from_folder(name):
         raise UserError(f"run folder {_FOLDER['where']} names {kind} {name!r}, which is not an installed plugin: a run "
                         f"folder cannot make fdg_audit import code; install the plugin (entry point {GROUPS[kind]}), or "
                         "pass --trust-plugins if you trust this folder")
-    return _import(path or name, kind, name)
+    path = path or name
+    if ":" not in path:
+        raise UserError(f"{kind} {path!r} is neither a registered name ({', '.join(sorted(available(kind))) or 'none'})"
+                        f" nor a \"module:Class\" path: fix the name, or `pip install -e .` so built-ins register")
+    return path
+
+
+def load(kind: str, name: str):
+    """Resolve a plugin by registered name or by "module:Class" (see ``from_folder`` for run folders)."""
+    return _import(resolve(kind, name), kind, name)
 
 
 def load_method(name: str):

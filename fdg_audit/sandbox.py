@@ -14,10 +14,18 @@ worker per job; where forkserver is missing (Windows), "spawn". Outputs come bac
 strings (``torch.load(weights_only=True)``). Ground truth, the run folder and other parties' messages stay in the
 parent, which joins outputs with truth in the scorer. The worker is told neither the run folder nor its path.
 
-Not enforced: the worker is an ordinary process of the same user, so code that searches the file system on its own
-(outside the API) could still open files that user can read; the boundary is the API and the process, not an OS
-sandbox. ``isolate=False`` (``attack --in-process``) runs the attack inside the harness for debugging: there the
-view's messages hold the whole ledger and the process holds the truth, so nothing is enforced.
+OS sandbox (``FDG_AUDIT_SANDBOX``, default "auto"): where bubblewrap (``bwrap``, Debian's ``bubblewrap``) is
+installed and works, each worker starts under it instead (``bwrap_argv``): new user, PID, network, IPC and UTS
+namespaces (no network, its own /proc, so no /proc/<harness>), an empty /tmp, and a file system that holds only the
+system directories, the Python installation and environment (read-only), the source directories of fdg_audit and
+of the plugins it imports (read-only), and its own view folder (read-write, for ``result.pt``). The run folder, its
+``truth/``, other views and the rest of the user's files do not exist there. A fresh interpreter per worker costs
+start-up time (bench/attack_isolation.py). "process" (or "auto" without bubblewrap) keeps the forkserver worker: an
+ordinary process of the same user, so code that searches the file system on its own (outside the API) could still
+open files that user can read; there the boundary is the API and the process, not an OS sandbox. "bwrap" insists.
+``isolate=False`` (``attack --in-process``) runs the attack inside the harness for debugging: there the view's
+messages hold the whole ledger and the process holds the truth, so nothing is enforced. View folders are created
+private to the user (0700) and removed on every exit path of the harness.
 """
 from __future__ import annotations
 
@@ -180,8 +188,100 @@ class AttackFailed(Exception):
         self.detail = detail
 
 
+def portrait(atk) -> dict:
+    """What the metadata probe (mode "describe") reports of a constructed attack: plain values only."""
+    return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
+                aux=list(atk.aux), target=str(getattr(atk, "target", "")),
+                params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)))
+
+
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TMPDIR", "PYTHONSAFEPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
              "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "CUDA_VISIBLE_DEVICES")
+
+
+SANDBOXES = ("auto", "bwrap", "process")
+
+
+def sandbox_mode() -> str:
+    """"bwrap" or "process": the ``FDG_AUDIT_SANDBOX`` setting resolved on this machine (one line if unusable)."""
+    import os
+    mode = os.environ.get("FDG_AUDIT_SANDBOX", "auto") or "auto"
+    if mode not in SANDBOXES:
+        raise UserError(f"FDG_AUDIT_SANDBOX = {mode!r}: use one of {', '.join(SANDBOXES)}")
+    if mode == "process" or mode == "auto" and not bwrap_works():
+        return "process"
+    if not bwrap_works():
+        raise UserError("FDG_AUDIT_SANDBOX = \"bwrap\" but bubblewrap is missing or refuses to start here: "
+                        "apt-get install bubblewrap (user namespaces must be allowed), or unset FDG_AUDIT_SANDBOX")
+    return "bwrap"
+
+
+@lru_cache(maxsize=None)
+def bwrap_works() -> bool:
+    """bubblewrap is installed and can create the namespaces ``bwrap_argv`` asks for."""
+    import subprocess
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    try:
+        return subprocess.run([exe, "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "true"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _sources(names: list[str], path: list[str]) -> set[str]:
+    """The files or directories that top-level modules ``names`` load from (found on ``path`` without importing)."""
+    import importlib.util
+    out, saved = set(), sys.path[:]
+    sys.path[:] = path
+    try:
+        for n in names:
+            mod = sys.modules.get(n)
+            spec = getattr(mod, "__spec__", None) or importlib.util.find_spec(n)
+            if spec is None:
+                continue
+            locs = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+            out |= {str(Path(x).resolve()) for x in locs if x and Path(x).exists()}
+    except (ImportError, ValueError):
+        pass
+    finally:
+        sys.path[:] = saved
+    return out
+
+
+def bwrap_argv(folder: Path, spec: dict, paths: dict) -> list[str]:
+    """The command that runs ``_worker`` on ``folder`` under bubblewrap (see the module docstring)."""
+    import glob
+    import os
+    from .plugins import available
+    tops = ["fdg_audit"]
+    for kind, name in (("attack", spec["attack"]), ("method", spec.get("run", {}).get("plugin", ""))):
+        if name:
+            tops.append(available(kind).get(name, name).partition(":")[0].split(".")[0])
+    ro = {"/usr", "/etc", sys.base_prefix, sys.prefix}
+    ro |= {d for d in ("/bin", "/lib", "/lib64", "/lib32", "/sbin") if os.path.lexists(d)}
+    ro |= _sources(tops, paths["attack"]) | _sources(tops, paths["method"])
+    ro |= {str(Path(p).resolve()) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    for d in sorted(ro, key=len):   # parents first: a child bind lands inside its parent's
+        if Path(d).exists():
+            argv += ["--ro-bind", d, d]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if spec.get("device", "cpu") != "cpu":   # a GPU: its device nodes and the driver's view of /sys
+        argv += [x for d in glob.glob("/dev/nvidia*") for x in ("--dev-bind", d, d)] + ["--ro-bind", "/sys", "/sys"]
+    argv += ["--bind", str(folder), str(folder), "--chdir", str(folder)]
+    for k in ENV_ALLOW:
+        if k in os.environ:
+            argv += ["--setenv", k, os.environ[k]]
+    argv += ["--setenv", "PYTHONSAFEPATH", "1", "--setenv", "HOME", str(folder)]
+    return argv + [sys.executable, "-P", "-c", "import sys; from fdg_audit.sandbox import _main; _main(sys.argv[1])",
+                   str(folder)]
+
+
+def _main(folder: str) -> None:
+    """Entry point under bubblewrap: the import paths come in the view folder's ``paths.json``."""
+    _worker(folder, json.loads((Path(folder) / "paths.json").read_text()))
 
 
 def _worker(folder: str, paths: dict) -> None:
@@ -201,6 +301,8 @@ def _worker(folder: str, paths: dict) -> None:
     try:
         spec = json.loads((root / "view.json").read_text())
         torch.set_num_threads(spec["threads"])   # the job's count, else the harness's: the numbers of in-process
+        from threadpoolctl import threadpool_limits   # numpy's and scikit-learn's BLAS too: two workers at once
+        threadpool_limits(spec["threads"])            # on 2 cores must not each start a thread per core
         from .plugins import load_attack, load_method
         if "run" in spec:   # the method first, so view.protocol finds the installed module, not a shadow
             sys.path[:] = paths["method"]
@@ -208,8 +310,11 @@ def _worker(folder: str, paths: dict) -> None:
         sys.path[:] = paths["attack"]
         cls = load_attack(spec["attack"])
         device = torch.device(spec["device"])
-        atk = cls(typed(cls.Params, spec["params"], f"attacks.{spec['label']}"), device)
-        if spec["mode"] == "control":
+        atk = cls(typed(cls.Params, spec["params"], f"attacks.{spec.get('label') or cls.name or spec['attack']}"),
+                  device)
+        if spec["mode"] == "describe":   # the metadata probe (attack.describe): the harness never imports plugins
+            res = {"describe": portrait(atk)}
+        elif spec["mode"] == "control":
             res = {"controls": list(atk.control())}
         else:
             run = dict(spec["run"], model_cfg=ModelConfig(**spec["run"]["model_cfg"]))
@@ -265,15 +370,15 @@ def stop_workers() -> None:
     """Stop every attack process still running (after an error or Ctrl-C in the harness); their results are
     dropped, as an interrupted attack's are."""
     for p in list(_LIVE):
-        if p.is_alive():
+        if (p.is_alive() if hasattr(p, "is_alive") else p.poll() is None):
             p.kill()
 
 
 def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: list = (), aux: Aux | None = None):
     """Run one attack job in a worker process whose only input is a fresh view folder; return its result.
 
-    ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control") and, for
-    "run", run (protocol fields), adversary, me. ``types``: the output classes the parent accepts back."""
+    ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control" |
+    "describe") and, for "run", run (protocol fields), adversary, me. ``types``: the output classes the parent accepts back."""
     folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
     try:
         if spec["mode"] == "run":
@@ -282,15 +387,26 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
         atomic_write(folder / "view.json", json.dumps(dict(spec, threads=spec.get("threads") or torch.get_num_threads()),
                                                       default=str))
         paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
-        p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
-        _LIVE.add(p)
-        try:
-            p.start()
-            p.join()
-        finally:
-            _LIVE.discard(p)
+        if sandbox_mode() == "bwrap":
+            import subprocess
+            atomic_write(folder / "paths.json", json.dumps(paths))
+            p = subprocess.Popen(bwrap_argv(folder, spec, paths), stdin=subprocess.DEVNULL, start_new_session=True)
+            _LIVE.add(p)
+            try:
+                code = p.wait()
+            finally:
+                _LIVE.discard(p)
+        else:
+            p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
+            _LIVE.add(p)
+            try:
+                p.start()
+                p.join()
+            finally:
+                _LIVE.discard(p)
+            code = p.exitcode
         if not (folder / "result.pt").exists():
-            raise AttackFailed(f"the attack process exited with code {p.exitcode} and no result")
+            raise AttackFailed(f"the attack process exited with code {code} and no result")
         res = torch.load(folder / "result.pt", weights_only=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

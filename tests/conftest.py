@@ -1,11 +1,20 @@
 """Shared test helpers: run a tiny scenario from TOML text into a temporary folder."""
 import csv
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from fdg_audit.runner import run_scenario
+
+
+def pytest_configure(config):
+    """Attack workers as forkserver processes (0.1 s each) rather than bubblewrap sandboxes (a fresh interpreter,
+    about 2 s each), to keep the suite's time: tests/test_trust.py runs the bubblewrap sandbox itself where it works.
+    ``FDG_AUDIT_SANDBOX=bwrap python -m pytest`` runs every attack test in it. (A hook, not module code: test
+    modules are attack plugins that workers import.)"""
+    os.environ.setdefault("FDG_AUDIT_SANDBOX", "process")
 
 
 def public_split(text: str) -> str:

@@ -1,5 +1,6 @@
 """The trust boundary (issue 11): run folders are data, attacks see only their view, damage is detected, bad input
 is one line before any work, and an interrupted scenario resumes to the same records."""
+import dataclasses
 import gc
 import json
 import os
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import fdg_audit.runner as runner
-from fdg_audit.attack import Attack, Skipped, Scores, run_attacks
+from fdg_audit.attack import Attack, AttackParams, Skipped, Scores, run_attacks
 from fdg_audit.cli import main
 
 HERE = __name__
@@ -142,6 +143,73 @@ def test_a_malicious_attack_reaches_nothing_outside_its_view(copy):
     assert _probe(copy, isolate=True) == []
     found = _probe(copy, isolate=False)    # the in-process debugging mode enforces nothing: the probe is not blind
     assert {"ledger envelope rot15->server", "file summary.json", "run folder", "object Truth"} <= set(found)
+
+
+@dataclasses.dataclass
+class WalkerParams(AttackParams):
+    marker: str = ""
+
+
+class FrameWalker(Attack):
+    """A hostile plugin whose import and ``__init__`` look for the harness: every frame's locals above it (the
+    ledger, the runs, the aux cache), and the process it runs in, written to ``marker``."""
+    name = "frame_walker"
+    consumes = ("weights",)
+    Params = WalkerParams
+
+    def __init__(self, params=None, device="cpu"):
+        super().__init__(params, device)
+        f, seen = sys._getframe(1), []
+        while f is not None:
+            seen += [k for k in ("ledger", "runs", "cache", "summary") if k in f.f_locals]
+            f = f.f_back
+        with open(self.p.marker, "a") as fh:
+            fh.write(json.dumps(dict(pid=os.getpid(), seen=seen)) + "\n")
+
+    def run(self, view, aux):
+        return []
+
+
+def test_plugin_code_runs_only_in_the_worker(copy, tmp_path):
+    """Checking the scenario's attacks (before training) and attacking a folder import and construct the plugin in
+    worker processes only: its __init__ never runs in the harness and finds none of the harness's objects."""
+    from fdg_audit.attack import check_attacks
+    marker = tmp_path / "inits.jsonl"
+    cfg = {"name": f"{HERE}:FrameWalker", "marker": str(marker)}
+    check_attacks([cfg])
+    run_attacks(copy, [cfg], quiet=True)
+    inits = [json.loads(x) for x in marker.read_text().splitlines()]
+    assert len(inits) >= 2 and all(i["pid"] != os.getpid() and i["seen"] == [] for i in inits), inits
+
+
+@pytest.mark.skipif(not __import__("fdg_audit.sandbox").sandbox.bwrap_works(), reason="needs bubblewrap")
+def test_under_bubblewrap_a_plugin_opens_nothing_outside_its_view(copy, tmp_path, monkeypatch):
+    """With bubblewrap (the default where it is installed) the worker's file system holds no run folder, no
+    truth/, no other view folder, no /proc/<harness> and no network; the same plugin as a plain process reads them
+    all (the README says that worker is unenforced)."""
+    import tempfile
+
+    from conftest import leakage_rows
+    other = Path(tempfile.mkdtemp(prefix="fdg_view_"))   # another job's view folder, alive meanwhile
+    (other / "messages.jsonl").write_text("secret")
+    paths = [str(copy / "summary.json"), str(copy / "truth"), str(other / "messages.jsonl"), str(copy.parent)]
+    import socket
+    srv = socket.create_server(("127.0.0.1", 0))
+    cfg = {"name": "sandbox_probe:Escape", "paths": paths, "harness": os.getpid(), "port": srv.getsockname()[1]}
+    found = {}
+    for mode in ("bwrap", "process"):
+        monkeypatch.setenv("FDG_AUDIT_SANDBOX", mode)
+        run_attacks(copy, [cfg], quiet=True)
+        found[mode] = json.loads(leakage_rows(copy, attack="escape", metric="skipped")[0]["status"][9:])
+    shutil.rmtree(other)
+    srv.close()
+    assert found["bwrap"] == [], found["bwrap"]
+    assert len(found["process"]) == len(paths) + 2, found["process"]   # the control: the plain worker reads them
+
+
+def test_the_sandbox_setting_is_checked(monkeypatch, copy, capsys):
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", "docker")
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "mia_loss"], "FDG_AUDIT_SANDBOX = 'docker'")
 
 
 # ------------------------------------------------------------------------------------------ 3. tamper evidence

@@ -220,3 +220,39 @@ def test_truth_cannot_be_recomputed_in_the_worker(tmp_path):
                           if r["attack"] == "recompute" and r["metric"] == "auc" and r["victim"] != "pooled"]
     assert aucs["public"] and min(aucs["public"]) == 1.0          # the attack works when the split is public
     assert aucs["secret"] and max(abs(a - 0.5) for a in aucs["secret"]) < 0.2, aucs
+
+
+@pytest.mark.parametrize("file, text, needle", [
+    ("controls.json", "garbage{", "controls.json is not valid JSON"),
+    ("controls.json", '{"x": 1}', "is not a list of attack controls"),
+    ("leakage.csv", "a,b\n1,2\n", "leakage.csv lacks the column(s) run, attack"),
+    ("summary.json", '{"runs": 3}', "is not a run summary"),
+])
+def test_report_on_damaged_result_files_is_one_line(copy, capsys, file, text, needle):  # noqa: F811
+    (copy / file).write_text(text)
+    one_line_error(capsys, ["report", str(copy)], needle)
+
+
+def test_a_data_root_that_cannot_be_read_is_one_line(tmp_path, capsys, monkeypatch):
+    """data.root = "/" met /proc/1/cwd (permission denied) with a traceback: any folder that cannot be read at the
+    domain or class level is refused with one line naming it, before any run folder is made. The unreadable folder
+    is simulated (this suite may run as root, which reads folders of mode 0)."""
+    from pathlib import Path
+
+    from fdg_audit.cli import main
+    locked = tmp_path / "imgs" / "a"
+    locked.mkdir(parents=True)
+    (tmp_path / "imgs" / "b").mkdir()
+    iterdir = Path.iterdir
+
+    def denied(self):
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return iterdir(self)
+    monkeypatch.setattr(Path, "iterdir", denied)
+    f = tmp_path / "s.toml"
+    f.write_text(f'name = "t"\n[data]\ndataset = "folder"\nroot = "{tmp_path / "imgs"}"\n[[methods]]\nname = "fedavg"\n')
+    assert main(["scenario", str(f), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot read {locked} (Permission denied)" in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()

@@ -50,6 +50,7 @@ def test_cuda_without_a_gpu_and_unwritable_out_and_non_utf8(run_toml, tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="CUDA is not available"):
             run_toml(BASE, 'device="cuda"')
+        assert not (tmp_path / "runs").exists()   # refused at plan time: no empty run folder
     f = tmp_path / "s.toml"
     f.write_text(BASE)
     with pytest.raises(UserError, match="writable folder"):

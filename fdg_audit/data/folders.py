@@ -26,6 +26,14 @@ def scan(root: Path) -> tuple[list[str], list[str], dict[str, list[tuple[Path, s
     if not root.is_dir():
         raise UserError(f"data folder {root} not found: "
                         f"set data.root to the folder that holds one sub-folder per domain")
+    try:
+        return _scan(root)
+    except OSError as e:
+        raise UserError(f"data folder {root}: cannot read {e.filename or root} ({e.strerror or e}): set data.root to "
+                        "a folder you can read that holds <domain>/<class>/<image> sub-folders") from None
+
+
+def _scan(root: Path) -> tuple[list[str], list[str], dict[str, list[tuple[Path, str]]]]:
     domains = _subdirs(root)
     if not domains:
         raise UserError(f"data folder {root} has no domain sub-folders: set data.root to the folder that holds "

@@ -63,9 +63,10 @@ def role(adversary: str) -> str:
 
 
 def assumes(attack: str, output: str) -> str:
-    from ..plugins import available, load_attack
-    try:   # only an installed plugin: a name read from a run folder is never imported
-        aux = load_attack(attack).aux if attack in available("attack") else ()
+    from ..attack import describe
+    from ..plugins import available
+    try:   # only an installed plugin, read by the metadata probe: a name read from a run folder is never imported
+        aux = describe({"name": attack}, "cpu")[1].aux if attack in available("attack") else ()
     except Exception:  # an installed plugin that does not load: say nothing rather than guess
         aux = ()
     words = [AUX_WORDS[a] for a in aux if a in AUX_WORDS] or ["no auxiliary data"]

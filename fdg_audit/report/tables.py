@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..ledger import Ledger
+from ..ledger import Ledger, read_summary
 from ..metrics.image import PSNR_CAP_DB
 
 
@@ -130,11 +130,36 @@ def gkey(r: dict) -> tuple:
     return (str(r.get("dataset", "")), str(r.get("method", "")), str(r.get("variant", "") or ""))
 
 
+NEEDS = {"leakage.csv": ("run", "attack", "metric", "value", "baseline", "round", "status"),
+         "privacy.csv": ("run", "epsilon", "delta")}
+
+
 def _csv(path: Path) -> list[dict]:
+    """A run folder's CSV file ([] when absent); one without its columns (NEEDS) is a one-line error."""
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with open(path, newline="") as f:
+            rows = csv.DictReader(f)
+            missing = [c for c in NEEDS.get(path.name, ()) if c not in (rows.fieldnames or [])]
+            rows = list(rows)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"{path} cannot be read as CSV ({e}): the run folder is damaged; restore it or re-run") from None
+    if missing:
+        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}: the run folder is damaged; restore the file "
+                        f"or re-run `fdg_audit attack {path.parent}`")
+    return rows
+
+
+def _controls(path: Path) -> list[dict]:
+    """controls.json: a list of {attack, name, metric, value, threshold, passed}; anything else is one line."""
+    from ..ledger import read_json
+    c = read_json(path, "attack controls file")
+    keys = ("attack", "name", "metric", "value", "threshold", "passed")
+    if not (isinstance(c, list) and all(isinstance(x, dict) and all(k in x for k in keys) for x in c)):
+        raise UserError(f"{path} is not a list of attack controls ({', '.join(keys)}): the run folder is damaged; "
+                        f"re-run `fdg_audit attack {path.parent}`")
+    return c
 
 
 def _num(x):
@@ -175,7 +200,7 @@ def load(run_dirs) -> Results:
         if not f.exists():
             raise UserError(f"{root} has no summary.json: pass run folders written by `fdg_audit scenario` "
                             "(runs/<scenario>/<timestamp>)")
-        s = json.loads(f.read_text())
+        s = read_summary(root)
         res.scenarios.append(s.get("scenario", root.name))
         res.reference = _reference(root) or res.reference
         for r in s.get("runs", []):
@@ -200,7 +225,7 @@ def load(run_dirs) -> Results:
             if mine(i, r.get("run", "")):
                 res.privacy.append(dict(r, epsilon=_num(r.get("epsilon")), delta=_num(r.get("delta"))))
         if (root / "controls.json").exists():
-            res.controls += [dict(c, root=str(root)) for c in json.loads((root / "controls.json").read_text())]
+            res.controls += [dict(c, root=str(root)) for c in _controls(root / "controls.json")]
         if (root / "messages.jsonl").exists():   # Ledger.open: a torn last line is dropped, damage is one line
             res.envelopes += [asdict(e) for e in Ledger.open(root).envelopes if mine(i, e.run)]
         runs = {r for r, j in chosen.items() if j == i}
