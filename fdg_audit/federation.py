@@ -32,7 +32,7 @@ from .bus import Bus, Payload
 from .data import DataConfig, Domain, DomainSet, Split, load_data
 from .errors import UserError
 from .models import ModelConfig, build_model
-from .params import TrainParams, make_optimizer, resolve_device  # noqa: F401  (re-exported for methods)
+from .params import TrainParams, asked, make_optimizer, resolve_device  # noqa: F401  (re-exported for methods)
 
 
 @dataclass
@@ -442,7 +442,7 @@ def participants(seq: np.random.SeedSequence, clients: list[str], fraction: floa
     sequence (its own stream, so the parties' random streams do not depend on the sampling)."""
     if fraction >= 1.0:
         return list(clients)
-    m = max(1, int(round(fraction * len(clients))))
+    m = asked(len(clients), fraction)
     rng = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(2 ** 31, t)))
     return [clients[i] for i in np.sort(rng.choice(len(clients), m, replace=False))]
 

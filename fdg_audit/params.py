@@ -95,3 +95,9 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device = {name!r} but CUDA is not available: use device = \"auto\" or \"cpu\"")
     return name
+
+
+def asked(n_clients: int, participation: float) -> int:
+    """The clients the server asks per training round at ``participation`` f: round(f K), at least one
+    (``federation.participants`` draws them; central client-level DP scales its noise to them)."""
+    return n_clients if participation >= 1.0 else max(1, int(round(participation * n_clients)))

@@ -104,16 +104,62 @@ def test_target_epsilon_calibrates_sigma_with_opacus(run_toml):
 
 
 def test_central_mode_noise_and_refusal(run_toml):
+    """Each upload carries sigma C / sqrt(K); CSAC's fusion is no uniform mean and is refused."""
     text = BASE.format(seed=0) + "[privacy.client]\nclip = 0.05\nnoise_multiplier = 0.7\nmode = \"central\"\n"
     with pytest.raises(UserError, match="uniform mean"):
         run_toml(text + '[[methods]]\nname = "csac"\n', name="a")
-    with pytest.raises(UserError, match="participation = 0.5.*too little noise"):   # sigma sqrt(f) otherwise
-        run_toml(text + '[[methods]]\nname = "fedavg"\nweighting = "uniform"\nparticipation = 0.5\n', name="c")
     root = run_toml(text + '[[methods]]\nname = "fedavg"\nweighting = "uniform"\n', name="b")
     for e, arrays, received in updates(root):
         upd = torch.cat([(v.double() - received[k].double()).flatten() for k, v in arrays.items()])
         assert e.filters[0]["mode"] == "central"
         assert upd.std().item() == pytest.approx(0.7 * 0.05 / math.sqrt(3), rel=0.1)   # sigma C / sqrt(K), K = 3
+
+
+@pytest.mark.parametrize("f", [0.3, 0.5, 1.0])
+def test_central_aggregate_carries_the_configured_multiplier_at_any_participation(run_toml, f):
+    """Ten clients, no learning (lr 1e-12: every update is about 1e-12), so the change of the global model between two
+    broadcasts is the aggregate's noise alone. Divided by the mean's sensitivity C / m (m = round(f K) clients asked),
+    its standard deviation is the aggregate's noise multiplier: sigma at every f (sigma sqrt(f) before, when each
+    client added sigma C / sqrt(K) for all K = 10)."""
+    text = f"""
+seeds = [0]
+report = false
+threads = 1
+[data]
+dataset = "digits"
+family = "rotated"
+domains = ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"]
+targets = ["rot0"]
+per_domain = 10
+clients_per_domain = 2
+[train]
+rounds = 3
+local_steps = 1
+batch_size = 4
+lr = 1e-12
+weight_decay = 0.0
+[privacy.client]
+clip = 0.05
+noise_multiplier = 0.7
+mode = "central"
+[[methods]]
+name = "fedavg"
+weighting = "uniform"
+participation = {f}
+"""
+    root = run_toml(text, name=f"f{f}")
+    led = Ledger.open(root)
+    glob = {}
+    for e in led.select(kind="weights", sender="server"):
+        glob.setdefault(e.round, led.payload(e).arrays)
+    m = max(1, round(f * 10))
+    mult = []
+    for t in sorted(glob)[1:-1]:
+        if t + 1 in glob:
+            d = torch.cat([(glob[t + 1][k].double() - glob[t][k].double()).flatten() for k in glob[t]
+                           if glob[t][k].is_floating_point()])
+            mult.append(d.std().item() / (0.05 / m))
+    assert mult and all(x == pytest.approx(0.7, rel=0.05) for x in mult), mult
 
 
 def test_same_ledger_in_both_engines_with_client_dp(run_toml):

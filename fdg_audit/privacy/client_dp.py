@@ -22,8 +22,12 @@ Modes (named in the envelope's event):
 * ``local``: noise N(0, (sigma C)^2) on each upload at the client, against an untrusted server that sees every
   upload. The server's relays are post-processing.
 * ``central``: DP-FedAvg's trusted aggregator, implemented as *distributed* noise: each client adds
-  N(0, sigma^2 C^2 / K) (K = clients per round) to its own upload, so the uniform mean the server computes carries
-  exactly the N(0, (sigma C / K)^2) that a trusted server would add to the mean of K clipped updates. There is no
+  N(0, sigma^2 C^2 / K) to its own upload, K the clients the server asks per training round (round(f K') of K'
+  clients at participation f, as ``federation.participants`` samples them), so the uniform mean the server computes
+  over them carries exactly the N(0, (sigma C / K)^2) that a trusted server would add to the mean of K clipped
+  updates (tests/test_client_dp.py measures the aggregate's multiplier at f = 0.3, 0.5, 1). A round that asks every
+  client (round 0: CSAC's acquisition) then carries more noise than that, never less. No client of this engine
+  drops out of a round it was asked to; one that did would lower the aggregate's noise. There is no
   trusted party in the code: the guarantee needs (a) secure aggregation, or a server trusted not to read
   individual uploads (each upload alone carries only sigma / sqrt(K) of noise: its epsilon against a server that
   reads it is that of multiplier sigma / sqrt(K), far larger; the ledger's uploads show what such a server sees),
@@ -83,6 +87,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..params import asked
 from .accounting import epsilon, new_accountant
 from .artifacts import noise_generator
 
@@ -153,8 +158,8 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
                engine: str = "local") -> None:
     """Plan-time settings: K, q, the calibrated sigma, the central mode's uniform-mean requirement and adaptive
     clipping's noise split."""
-    c.clients = n_clients
     c.sample_rate = float(getattr(params, "participation", 1.0) or 1.0)
+    c.clients = asked(n_clients, c.sample_rate)
     c.rounds = params.rounds
     if c.mode == "central":
         agg = getattr(getattr(method, "Server", None), "aggregate", None)
@@ -162,11 +167,6 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
             raise UserError(f"{where}: mode = \"central\" needs a server that takes the uniform mean of the updates "
                             f"(FedAvg's aggregate with weighting = \"uniform\"); method {method.name!r} does not: set "
                             f"weighting = \"uniform\" where the method has it, or use mode = \"local\"")
-        if c.sample_rate < 1.0:
-            raise UserError(f"{where}: mode = \"central\" with participation = {c.sample_rate}: each client adds "
-                            f"sigma C / sqrt(K) for K = {n_clients} clients, but the server averages only the "
-                            f"round(participation K) it asks, so the aggregate would carry too little noise; set "
-                            f"participation = 1.0, or use mode = \"local\"")
     if c.target_epsilon > 0:
         # rounds + 1 releases: covers a round-0 update (CSAC's acquisition); privacy.csv gives the realized epsilon
         c.noise_multiplier = calibrate(c.target_epsilon, delta, c.sample_rate, params.rounds + 1, accountant)
