@@ -400,3 +400,21 @@ def test_delta_only_between_the_same_attack_above_baseline_and_intervals_in_rang
         assert dg["diff_call"] == "distinguishable" and dg["diff_n"] == "6"
     else:
         assert avg["reading"] == "no reconstruction at this budget" and dg["diff_fedavg"] == ""
+
+
+def test_the_verdict_lists_only_leaks_whose_interval_clears_the_baseline():
+    """A cell is a leak in the report's opening verdict when its whole interval lies beyond its baseline's (below it
+    for an error metric); a point estimate past the baseline with an overlapping interval, a cell read as "not
+    above baseline", and a failed control are not."""
+    from fdg_audit.report import clears
+    cell = dict(harm="membership", metric="auc", value="0.6", ci_low="0.55", ci_high="0.65", baseline="0.5",
+                baseline_ci_low="", baseline_ci_high="", reading="", control="passed")
+    assert clears(cell)
+    assert not clears(dict(cell, ci_low="0.49"))                      # the interval reaches the baseline
+    assert not clears(dict(cell, reading="not above baseline"))
+    assert not clears(dict(cell, control="failed"))
+    psnr = dict(cell, harm="reconstruction", metric="psnr", ci_low="20", ci_high="30", baseline="15",
+                baseline_ci_low="12", baseline_ci_high="21")
+    assert not clears(psnr) and clears(dict(psnr, baseline_ci_high="19"))
+    err = dict(cell, harm="dataset_size", metric="n_samples_rel_error", ci_low="0.01", ci_high="0.1", baseline="0.25")
+    assert clears(err) and not clears(dict(err, ci_high="0.3"))

@@ -242,6 +242,45 @@ def _scorecard_md(res, card) -> list[str]:
     return md
 
 
+def clears(row: dict) -> bool:
+    """A scorecard cell whose whole 95% interval lies beyond its baseline's (above it; below for an error metric):
+    a leak measured at this budget, not a point estimate that happens to sit past the baseline."""
+    num = lambda k: float(row[k]) if row.get(k) not in ("", None) else float("nan")  # noqa: E731
+    if row["harm"] == "accuracy" or row.get("reading") or row.get("control") == "failed":
+        return False
+    lo, hi, blo, bhi = num("ci_low"), num("ci_high"), num("baseline_ci_low"), num("baseline_ci_high")
+    b = num("baseline")
+    blo, bhi = (b, b) if blo != blo else (blo, bhi)
+    return lo > bhi if T.info(row["metric"].split("|")[0]).higher else hi < blo
+
+
+def _verdict_md(res, card: list[dict]) -> list[str]:
+    """The report's first lines: per dataset, which accuracy differences are distinguishable, and which leaks clear
+    their baselines, per method."""
+    diffs = SC.accuracy_differences(res)
+    md = ["", "## Verdict", ""]
+    for ds in dict.fromkeys(r["dataset"] for r in card):
+        rows = [r for r in card if r["dataset"] == ds]
+        d = [x for x in diffs if x["dataset"] == ds]
+        yes = [f"{x['a']} − {x['b']} = {x['diff']:+.3f} [{x['lo']:+.3f}, {x['hi']:+.3f}] (n = {x['n']})"
+               for x in d if x["call"] == "distinguishable"]
+        acc = ("distinguishable: " + "; ".join(yes)) if yes else \
+            f"no difference between methods is distinguishable ({len(d)} pairs, n = " \
+            f"{', '.join(map(str, sorted({x['n'] for x in d})))} paired runs each, Holm-adjusted t-tests)" if d else \
+            "no pair of methods to compare"
+        leaks = []
+        for m in dict.fromkeys(r["method"] + (f" ({r['variant']})" if r["variant"] else "") for r in rows):
+            cells = [r for r in rows if r["method"] + (f" ({r['variant']})" if r["variant"] else "") == m and clears(r)]
+            leaks.append(f"{m}: " + ("; ".join(
+                f"{r['harm']} {r['metric']} {float(r['value']):.3g} vs {float(r['baseline']):.3g} ({r['adversary']}: "
+                f"{r['attack']} on {r['artifact']})"
+                for r in cells) if cells else "none"))
+        md += [f"- **{ds}**: held-out accuracy: {acc}. Leaks whose 95% interval clears the "
+               f"baseline's: {'. '.join(leaks)}. Every other cell is within its baseline at these budgets "
+               "(\"no reconstruction at this budget\" is no evidence of safety at a larger one)."]
+    return md + [""]
+
+
 def _differences_md(res) -> list[str]:
     diffs = SC.accuracy_differences(res)
     if not diffs:
@@ -353,7 +392,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
           + (f", {len(failed)} failed" if failed else "") + ".", ""]
     md += runs_md + [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
     md += [f"- note: {n}" for n in res.notes] + ([""] if failed or res.notes else [])
-    md += _scorecard_md(res, card) + _differences_md(res) + _victims_md(res) + _tradeoff_md(res, trade_files)
+    md += _verdict_md(res, card) + _scorecard_md(res, card) + _differences_md(res) + _victims_md(res) + _tradeoff_md(res, trade_files)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += _bytes_md(res, by, byte_files) + _privacy_md(res, acc, eps, eps_files)
     md += dp_section(card, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε, from the scorecard rows
