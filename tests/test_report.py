@@ -327,7 +327,10 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
         for a in ("pr", "ui")]))
     md = write_report([root], tmp_path / "out").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
-    assert sections[0] == "## Privacy scorecard"
+    assert sections[:2] == ["## Verdict", "## Privacy scorecard"]
+    verdict = md.split("## Verdict")[1].split("## Privacy scorecard")[0]   # 30 dB and 15 dB both clear 11 dB
+    assert "feddg: reconstruction psnr 30 vs 11" in verdict and "fedavg: reconstruction psnr 15 vs 10.9" in verdict
+    assert "distinguishable: fedavg − feddg = -0.100" in verdict
     with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
         card = list(csv.DictReader(f))
     from fdg_audit.report.scorecard import FIELDS
