@@ -17,8 +17,9 @@ parent, which joins outputs with truth in the scorer. The worker is told neither
 OS sandbox (``FDG_AUDIT_SANDBOX``, default "auto"): where bubblewrap (``bwrap``, Debian's ``bubblewrap``) is
 installed and works, each worker starts under it instead (``bwrap_argv``): new user, PID, network, IPC and UTS
 namespaces (no network, its own /proc, so no /proc/<harness>), an empty /tmp, and a file system that holds only the
-system directories, the Python installation and environment (read-only), the source directories of fdg_audit and
-of the plugins it imports (read-only), and its own view folder (read-write, for ``result.pt``). The run folder, its
+system directories, the Python installation and environment (read-only), the source directories of fdg_audit, of
+the installed plugins (shadow training runs methods) and of a plugin named by "module:Class" (read-only), and its
+own view folder (read-write, for ``result.pt``). The run folder, its
 ``truth/``, other views and the rest of the user's files do not exist there. A fresh interpreter per worker costs
 start-up time (bench/attack_isolation.py). "process" (or "auto" without bubblewrap) keeps the forkserver worker: an
 ordinary process of the same user, so code that searches the file system on its own (outside the API) could still
@@ -255,10 +256,9 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict) -> list[str]:
     import glob
     import os
     from .plugins import available
-    tops = ["fdg_audit"]
-    for kind, name in (("attack", spec["attack"]), ("method", spec.get("run", {}).get("plugin", ""))):
-        if name:
-            tops.append(available(kind).get(name, name).partition(":")[0].split(".")[0])
+    top = lambda path: path.partition(":")[0].split(".")[0]  # noqa: E731
+    tops = ["fdg_audit"] + [top(v) for kind in ("attack", "method") for v in available(kind).values()]
+    tops += [top(n) for n in (spec["attack"], spec.get("run", {}).get("plugin", "")) if ":" in n]   # named by path
     ro = {"/usr", "/etc", sys.base_prefix, sys.prefix}
     ro |= {d for d in ("/bin", "/lib", "/lib64", "/lib32", "/sbin") if os.path.lexists(d)}
     ro |= _sources(tops, paths["attack"]) | _sources(tops, paths["method"])

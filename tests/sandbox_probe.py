@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdg_audit.attack import Attack, AttackParams, Skipped
+from fdg_audit.attack import Attack, AttackParams, Control, Skipped
 
 
 @dataclass
@@ -37,3 +37,8 @@ class Escape(Attack):
         except OSError:
             pass
         return [Skipped(view.me, "weights", 1, json.dumps(got))]
+
+    def control(self):
+        """Shadow training needs the installed methods inside the sandbox: load one."""
+        from fdg_audit.plugins import load_method
+        return [Control("installed_methods_load", "loaded", float(load_method("fedavg").name == "fedavg"), 1.0)]

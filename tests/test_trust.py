@@ -201,6 +201,8 @@ def test_under_bubblewrap_a_plugin_opens_nothing_outside_its_view(copy, tmp_path
         monkeypatch.setenv("FDG_AUDIT_SANDBOX", mode)
         run_attacks(copy, [cfg], quiet=True)
         found[mode] = json.loads(leakage_rows(copy, attack="escape", metric="skipped")[0]["status"][9:])
+        assert [c["passed"] for c in json.loads((copy / "controls.json").read_text()) if c["attack"] == "escape"] \
+            == [True], mode   # the installed plugins (methods, for shadow runs) load inside the sandbox
     shutil.rmtree(other)
     srv.close()
     assert found["bwrap"] == [], found["bwrap"]
