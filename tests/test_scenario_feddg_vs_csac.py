@@ -32,10 +32,10 @@ def test_named_scenario_runs_small(tmp_path, capsys):
         assert kinds[f"{d}/feddg"] == {"n_samples", "amplitude_bank", "weights"}
         assert kinds[f"{d}/csac"] == {"weights"}
 
-    # the closing output and report.md open with the scorecard; every method has a reconstruction and a membership
+    # report.md opens with the verdict, then the scorecard; every method has a reconstruction and a membership
     # cell on the attacked target (rot75), FedAvg's and CSAC's reconstruction from update inversion of weights
     out = (root / "report.md").read_text()
-    assert [line for line in out.splitlines() if line.startswith("## ")][0] == "## Privacy scorecard"
+    assert [line for line in out.splitlines() if line.startswith("## ")][:2] == ["## Verdict", "## Privacy scorecard"]
     import csv
     with open(root / "scorecard.csv", newline="") as f:
         card = [r for r in csv.DictReader(f) if r["dataset"] == "rotated"]
