@@ -414,8 +414,6 @@ def describe(cfg: dict, device) -> tuple[str, Any, dict]:
     cfg = dict(cfg)
     name, label = cfg.pop("name"), cfg.pop("label", None) or None
     resolve("attack", name)
-    if label:
-        safe_name(label, f"attacks.{label}.label")
     key = (json.dumps(cfg, sort_keys=True, default=str), name, str(device), tuple(import_path(name)))
     if key not in _DESCRIBED:
         job = dict(attack=name, label=label, params=cfg, device=str(device), mode="describe")
@@ -545,7 +543,7 @@ def attack_runs(root: Path, label: str, atk, job: dict, ledger, runs: dict, cach
             continue
         me = observer(atk, run)
         if atk.adversary == "client" and me not in run["clients"]:
-            jobs.append((run_id, run, me, None, f"skipped: {me} is not a client of this run"))
+            jobs.append((run_id, run, me, None, None))   # a note row: this client is not in the run
             continue
         envs = view_envelopes(ledger, run_id, atk.adversary, me)
         if not applicable(atk, {e.kind for e in envs if ledger.stored(e)}):
@@ -553,31 +551,29 @@ def attack_runs(root: Path, label: str, atk, job: dict, ledger, runs: dict, cach
         key = (run_id, tuple(sorted(atk.aux)))   # built once per run (and aux need), shared by the attacks
         if key not in cache:
             cache[key] = build_aux(run, atk.aux, run["seed"])
-        jobs.append((run_id, run, me, envs, None))
+        jobs.append((run_id, run, me, envs, cache[key]))
     submit = (lambda f, *a: pool.submit(f, *a)) if pool is not None else _Later
     ctl = submit(_controls, atk, job, isolate)
-    futs = [submit(_execute, *salted(atk, job, run["seed"]), ledger, envs, run, me,
-                   cache[(run_id, tuple(sorted(atk.aux)))][0], device, isolate) if why is None else None
-            for run_id, run, me, envs, why in jobs]
+    futs = [submit(_execute, *salted(atk, job, run["seed"]), ledger, envs, run, me, am[0], device, isolate)
+            if envs is not None else None for run_id, run, me, envs, am in jobs]
     ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where there is
     for c in ctl.result():   # none) makes every number of this attack "not measurable"
         ok &= c.passed
         controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
     status = "ok" if ok else "not measurable (control failed)"
-    for (run_id, run, me, envs, why), fut in zip(jobs, futs):
+    for (run_id, run, me, envs, am), fut in zip(jobs, futs):
         row = lambda o, victim, r: dict(  # noqa: E731
             {k: run.get(k, "") for k in ("dataset", "method", "variant", "target", "seed")}, run=run_id,
             attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
             victim=victim, output=getattr(o, "variant", ""), status=status, **r)
         note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
             o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
-        if why is not None:
-            rows.append(note("skipped", why))
+        if fut is None:
+            rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
             continue
         if not quiet and sys.stderr.isatty():
             sys.stderr.write(f"\rattack {label} on {run_id} ...")
-        members = cache[(run_id, tuple(sorted(atk.aux)))][1]
-        aux = cache[(run_id, tuple(sorted(atk.aux)))][0]
+        aux, members = am
         truth = cache[run_id] if run_id in cache else cache.setdefault(run_id, Truth(root, run))
         try:
             outs = fut.result()

@@ -231,11 +231,13 @@ def bwrap_works() -> bool:
         return False
 
 
-def _sources(names: list[str], path: list[str]) -> set[str]:
-    """The files or directories that top-level modules ``names`` load from (found on ``path`` without importing)."""
+@lru_cache(maxsize=64)
+def _sources(names: tuple, path: tuple) -> frozenset:
+    """The files or directories that top-level modules ``names`` load from (found on ``path`` without importing);
+    the same for every worker of a process with the same plugins and import path."""
     import importlib.util
     out, saved = set(), sys.path[:]
-    sys.path[:] = path
+    sys.path[:] = list(path)
     try:
         for n in names:
             mod = sys.modules.get(n)
@@ -248,7 +250,7 @@ def _sources(names: list[str], path: list[str]) -> set[str]:
         pass
     finally:
         sys.path[:] = saved
-    return out
+    return frozenset(out)
 
 
 def bwrap_argv(folder: Path, spec: dict, paths: dict) -> list[str]:
@@ -261,7 +263,7 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict) -> list[str]:
     tops += [top(n) for n in (spec["attack"], spec.get("run", {}).get("plugin", "")) if ":" in n]   # named by path
     ro = {"/usr", "/etc", sys.base_prefix, sys.prefix}
     ro |= {d for d in ("/bin", "/lib", "/lib64", "/lib32", "/sbin") if os.path.lexists(d)}
-    ro |= _sources(tops, paths["attack"]) | _sources(tops, paths["method"])
+    ro |= _sources(tuple(tops), tuple(paths["attack"])) | _sources(tuple(tops), tuple(paths["method"]))
     ro |= {str(Path(p).resolve()) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
     argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     for d in sorted(ro, key=len):   # parents first: a child bind lands inside its parent's
@@ -369,9 +371,8 @@ _LIVE = set()   # attack processes running now (several when attacks run in para
 def stop_workers() -> None:
     """Stop every attack process still running (after an error or Ctrl-C in the harness); their results are
     dropped, as an interrupted attack's are."""
-    for p in list(_LIVE):
-        if (p.is_alive() if hasattr(p, "is_alive") else p.poll() is None):
-            p.kill()
+    for p in list(_LIVE):   # a forkserver Process or a bubblewrap Popen: both have kill(), harmless once ended
+        p.kill()
 
 
 def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: list = (), aux: Aux | None = None):
@@ -391,20 +392,16 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
             import subprocess
             atomic_write(folder / "paths.json", json.dumps(paths))
             p = subprocess.Popen(bwrap_argv(folder, spec, paths), stdin=subprocess.DEVNULL, start_new_session=True)
-            _LIVE.add(p)
-            try:
-                code = p.wait()
-            finally:
-                _LIVE.discard(p)
+            wait = p.wait
         else:
             p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
-            _LIVE.add(p)
-            try:
-                p.start()
-                p.join()
-            finally:
-                _LIVE.discard(p)
-            code = p.exitcode
+            p.start()
+            wait = lambda: (p.join(), p.exitcode)[1]  # noqa: E731
+        _LIVE.add(p)
+        try:
+            code = wait()
+        finally:
+            _LIVE.discard(p)
         if not (folder / "result.pt").exists():
             raise AttackFailed(f"the attack process exited with code {code} and no result")
         res = torch.load(folder / "result.pt", weights_only=True)

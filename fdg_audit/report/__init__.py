@@ -268,9 +268,9 @@ def _verdict_md(res, card: list[dict]) -> list[str]:
             f"no difference between methods is distinguishable ({len(d)} pairs, n = " \
             f"{', '.join(map(str, sorted({x['n'] for x in d})))} paired runs each, Holm-adjusted t-tests)" if d else \
             "no pair of methods to compare"
-        leaks = []
-        for m in dict.fromkeys(r["method"] + (f" ({r['variant']})" if r["variant"] else "") for r in rows):
-            cells = [r for r in rows if r["method"] + (f" ({r['variant']})" if r["variant"] else "") == m and clears(r)]
+        leaks, who = [], lambda r: r["method"] + (f" ({r['variant']})" if r["variant"] else "")  # noqa: E731
+        for m in dict.fromkeys(map(who, rows)):
+            cells = [r for r in rows if who(r) == m and clears(r)]
             leaks.append(f"{m}: " + ("; ".join(
                 f"{r['harm']} {r['metric']} {float(r['value']):.3g} vs {float(r['baseline']):.3g} ({r['adversary']}: "
                 f"{r['attack']} on {r['artifact']})"
@@ -392,7 +392,8 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
           + (f", {len(failed)} failed" if failed else "") + ".", ""]
     md += runs_md + [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
     md += [f"- note: {n}" for n in res.notes] + ([""] if failed or res.notes else [])
-    md += _verdict_md(res, card) + _scorecard_md(res, card) + _differences_md(res) + _victims_md(res) + _tradeoff_md(res, trade_files)
+    md += _verdict_md(res, card) + _scorecard_md(res, card) + _differences_md(res) + _victims_md(res)
+    md += _tradeoff_md(res, trade_files)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += _bytes_md(res, by, byte_files) + _privacy_md(res, acc, eps, eps_files)
     md += dp_section(card, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε, from the scorecard rows
