@@ -45,95 +45,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .api.attack import AdversaryView, Aux
 from .data import Split
 from .errors import UserError
-from .federation import load_arrays
 from .ledger import Ledger, atomic_write
-from .models import ModelConfig, build_model
+from .models import ModelConfig
 from .params import typed
 from .plugins import import_path
-
-
-# ------------------------------------------------------------------------------------------- views
-
-@dataclass
-class Message:
-    env: Any
-    _ledger: Any
-
-    def __getattr__(self, k):
-        return getattr(self.env, k)
-
-    @property
-    def payload(self):
-        return self._ledger.payload(self.env)
-
-
-def view_envelopes(ledger: Ledger, run_id: str, adversary: str, me: str) -> list:
-    """The envelopes of run ``run_id`` that ``me`` observed: all for an eavesdropper, else those it sent or got."""
-    envs = ledger.select(run=run_id)
-    return envs if adversary == "eavesdropper" else [e for e in envs if me in (e.sender, e.receiver)]
-
-
-class AdversaryView:
-    """What one adversary observed in one run, plus the public protocol description (Kerckhoffs).
-
-    Messages whose payload the run did not keep (its ``store``/``store_rounds`` policy) are left out; a payload
-    that was kept but is now missing or altered is an error (the run folder is damaged), never a silent gap."""
-
-    def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
-        self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
-        self.model_cfg, self.shape, self.device = run["model_cfg"], tuple(run["shape"]), device
-        self.clients = list(run["clients"])
-        self.me = me
-        self._msgs = [Message(e, ledger) for e in view_envelopes(ledger, self.run_id, adversary, me)
-                      if ledger.stored(e)]
-
-    def messages(self, **match) -> list[Message]:
-        """Observed messages whose envelope fields equal the given values (lists mean any of)."""
-        return [m for m in self._msgs if all(getattr(m.env, k) in v if isinstance(v, (list, tuple, set))
-                                             else getattr(m.env, k) == v for k, v in match.items())]
-
-    def kinds(self) -> set[str]:
-        return {m.kind for m in self._msgs}
-
-    @property
-    def protocol(self):
-        """The method's plugin class: its public protocol pieces (Kerckhoffs), e.g. a style function, a class code
-        or a generator architecture that the method exposes as class attributes. Attacks use this route, never the
-        method's module internals, so a third-party method can expose the same pieces."""
-        from .plugins import load_method
-        return load_method(self.method)
-
-    def new_model(self) -> torch.nn.Module:
-        """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
-        from types import SimpleNamespace
-        c, s, k = self.shape
-        m = self.protocol
-        if hasattr(m, "build"):
-            party = SimpleNamespace(params=m.Params(**self.params), shape=(c, s, s, k), model_cfg=self.model_cfg,
-                                    device=self.device)
-            return m.build(party).to(self.device)
-        return build_model(self.model_cfg, c, k, s).to(self.device)
-
-    def model(self, arrays: dict) -> torch.nn.Module:
-        return load_arrays(self.new_model(), arrays).eval()
-
-
-@dataclass
-class Aux:
-    """Auxiliary knowledge the attack declared. ``public``: labelled images of the held-out domain (not a
-    victim's). ``domain_samples``: labelled public samples of each source domain, disjoint from all
-    training data. ``candidates[victim]``: a shuffled pool of that victim's members and non-members, with
-    class labels (membership withheld). ``layout``: how the dataset's images are made, public knowledge of the
-    dataset (the embedded rotated digits: 8x8 digits lifted to 20x20 in a 28x28 canvas, rotated by the domain's
-    angle); empty where the dataset has no such recipe."""
-    public: Split | None = None
-    domain_samples: dict = field(default_factory=dict)
-    candidates: dict = field(default_factory=dict)
-    num_classes: int = 0
-    domains: list = field(default_factory=list)
-    layout: dict = field(default_factory=dict)   # "layout": the public recipe of each domain (DomainSet.layout)
 
 
 # ------------------------------------------------------------------------------------------- plain-data transport
@@ -192,7 +110,7 @@ class AttackFailed(Exception):
 def portrait(atk) -> dict:
     """What the metadata probe (mode "describe") reports of a constructed attack: plain values only."""
     return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
-                aux=list(atk.aux), target=str(getattr(atk, "target", "")),
+                aux=list(atk.aux), outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
                 params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)))
 
 
@@ -346,7 +264,7 @@ def worker_context():
         ctx = mp.get_context("forkserver")
         # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first
         # optimizer a process builds (seconds), which every worker that trains or optimises would pay again
-        ctx.set_forkserver_preload(["fdg_audit.attack", "torch._dynamo"])
+        ctx.set_forkserver_preload(["fdg_audit.api.attack", "torch._dynamo"])
         return ctx
     return mp.get_context("spawn")
 

@@ -1,0 +1,12 @@
+"""Everything a plugin imports. ``methods/`` and ``attacks/`` (and a user's own plugins) import only from
+``fdg_audit.api`` and its modules: ``api.method`` (the method contract), ``api.attack`` (the attack contract),
+``api.privacy`` (DP mechanisms); this module re-exports the shared library pieces (data splits and loaders, the
+model zoo, metrics, the one-line error). The core never imports ``fdg_audit.api``'s package root, so the import graph
+stays top-down: plugins -> api -> core."""
+from __future__ import annotations
+
+from .. import metrics  # noqa: F401
+from ..data import DataConfig, Split, load_data  # noqa: F401
+from ..data.digits import place, rotate  # noqa: F401
+from ..errors import UserError  # noqa: F401
+from ..models import ModelConfig, Net, build_model  # noqa: F401

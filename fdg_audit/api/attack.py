@@ -1,0 +1,277 @@
+"""The attack plugin contract: what an attack plugin imports (with ``fdg_audit.api``).
+
+An attack plugin is a subclass of ``Attack`` with
+  ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
+  ``aux`` (a subset of "public", "domain_samples", "candidates", "layout"); ``Params`` (a dataclass extending
+  ``AttackParams``); ``outputs`` ({output variant: what that variant assumes, in words}: the report's threat-model
+  column reads it, so the core keeps no word list about attacks);
+  ``run(view, aux) -> list[Output]`` (Reconstruction | Scores | Predictions | Estimate | Audit, or Skipped with a
+  reason) and ``control() -> list[Control]`` (positive controls that must succeed and negative controls that
+  must stay at chance, on data the attack builds itself; any failed control turns the attack's numbers into
+  "not measurable").
+It sees only the ``AdversaryView`` (what that adversary received or sent) and the ``Aux`` it declared. Ground
+truth never reaches ``run``: the scorer (fdg_audit.scoring) joins outputs with truth, and the metric registry
+(fdg_audit.metrics.registry) says which harm each scored metric measures. An attack applies to a run when its
+adversary observed a kind it ``consumes``. attacks/README.md is the how-to.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..data import Split
+from ..federation import load_arrays
+from ..ledger import Ledger
+from ..models import build_model
+
+ADVERSARIES = ("server", "client", "eavesdropper")
+AUX = ("public", "domain_samples", "candidates", "layout")
+
+
+@dataclass
+class AttackParams:
+    as_client: str = ""           # the curious client for adversary "client" (default: the first client)
+    max_victims: int = 0          # 0 = every victim the adversary can see
+    targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
+    seeds: list = field(default_factory=list)     # attack only runs of these seeds ([] = every run)
+
+
+def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list:
+    """At most ``max_victims`` of ``items`` (victim names, or tuples whose ``key`` is the victim), in their order:
+    all when ``max_victims`` is 0 or not exceeded, else the victims with the lowest priorities drawn from a RNG seeded
+    by the run id (which holds the run's seed) and the victim's name, so every attack on a run samples the same
+    victims among those it can see, and many clients are not cut down to the first few by name."""
+    names = list(dict.fromkeys(key(i) for i in items))
+    if not max_victims or len(names) <= max_victims:
+        return list(items)
+    run = zlib.crc32(view.run_id.encode())
+    prio = {v: np.random.default_rng([run, zlib.crc32(v.encode()), 0x5643]).random() for v in names}
+    chosen = set(sorted(names, key=lambda v: (prio[v], v))[:max_victims])
+    return [i for i in items if key(i) in chosen]
+
+
+# ------------------------------------------------------------------------------------------- outputs
+
+@dataclass
+class Reconstruction:
+    """Images an attack rebuilt from an artifact. ``truth`` names the ground-truth record the rows refer
+    to: a truth file written by the victim (e.g. the bank's image ids) or "train" (match against the
+    victim's whole training set with the Hungarian algorithm; the baseline images are matched on their own,
+    so they get the same advantage). With truth "train", ``victim`` may join several clients with "+"
+    (an aggregate of their data, e.g. what a curious client sees)."""
+    victim: str
+    artifact: str
+    round: int
+    images: torch.Tensor          # (N, C, H, W) in [0, 1]
+    truth: str = "train"
+    rows: Any = None              # indices into the truth record, aligned with images; None = match
+    aligned: bool = False         # score with aligned PSNR (Fourier ambiguities: shifts, point inversion)
+    variant: str = ""
+    baseline: torch.Tensor | None = None   # the attack's own trivial baseline images, same rows
+    labels: Any = None            # predicted class per image, scored as label_acc (after matching)
+
+
+@dataclass
+class Scores:
+    """Membership scores (higher = member) for ``aux.candidates[victim]`` in its order."""
+    victim: str
+    artifact: str
+    round: int
+    scores: np.ndarray
+    variant: str = ""
+    victims: list | None = None   # set by the harness when it pools several victims' scores (in this order)
+
+
+@dataclass
+class Predictions:
+    """Predicted attribute ("class" | "domain") per row of a truth record (as in Reconstruction)."""
+    victim: str
+    artifact: str
+    round: int
+    attribute: str
+    pred: np.ndarray
+    n_classes: int
+    truth: str = "train"
+    rows: Any = None
+    variant: str = ""
+
+
+@dataclass
+class Estimate:
+    """A quantity of the victim's data: "n_samples" (scalar) or "label_counts" (per class)."""
+    victim: str
+    artifact: str
+    round: int
+    quantity: str
+    value: np.ndarray
+    variant: str = ""
+
+
+@dataclass
+class Audit:
+    """A DP audit: one score per canary slot of the truth record ``truth`` (higher = inserted), scored as empirical
+    ε lower bounds next to the audited mechanism's accountant ε (fdg_audit.privacy.audit)."""
+    victim: str
+    artifact: str
+    round: int
+    scores: np.ndarray
+    delta: float
+    epsilon: float = float("inf")   # the accountant's ε of the audited mechanism (inf: no mechanism)
+    truth: str = "canaries"
+    variant: str = ""
+
+
+@dataclass
+class Skipped:
+    """A victim's artifact the attack could not use, with the reason (one ``skipped`` row in leakage.csv)."""
+    victim: str
+    artifact: str
+    round: int
+    reason: str
+    variant: str = ""
+
+
+@dataclass
+class Control:
+    name: str
+    metric: str
+    value: float
+    threshold: float
+    positive: bool = True         # positive: must reach threshold; negative: must stay at or below it
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.threshold if self.positive else self.value <= self.threshold
+
+
+class Attack:
+    name = ""
+    consumes: tuple = ()
+    adversary = "server"
+    aux: tuple = ()
+    outputs: dict = {}            # output variant -> what it assumes, in words ("" = the attack's main output)
+    Params = AttackParams
+
+    def __init__(self, params=None, device: str = "cpu"):
+        self.p = params or self.Params()
+        self.device = torch.device(device)
+
+    def run(self, view: "AdversaryView", aux: "Aux") -> list:
+        raise NotImplementedError
+
+    def control(self) -> list[Control]:
+        return []
+
+
+def federate(method: str, params, model_cfg, clients: dict[str, tuple[Split, Split]], num_classes: int,
+             seed: int = 0, device="cpu", run_id: str = "shadow") -> AdversaryView:
+    """Run a protocol on data the attacker chose and return the server's view of that run.
+
+    ``clients[name] = (train, val)``: one client per entry (named like the observed clients when the run is to
+    mirror them); ``params`` is the method's Params or its dict (``view.params``). The run goes through the
+    same engine as every recorded run (``run_federation``), with a ``MemoryLedger``; the harness evaluates it
+    on the pooled validation splits. For reference/shadow models (membership inference, property inference)."""
+    from ..data import DataConfig, Domain, DomainSet
+    from ..federation import RunSpec, run_federation
+    from ..ledger import MemoryLedger
+    from ..plugins import load_method
+    m = load_method(method)
+    params = m.Params(**params) if isinstance(params, dict) else params
+    x0 = next(iter(clients.values()))[0].x
+    ev = Split(torch.cat([v.x for _, v in clients.values()]), torch.cat([v.y for _, v in clients.values()]),
+               np.concatenate([v.idx for _, v in clients.values()]))
+    data = DomainSet("attacker", [Domain(c, tr, va) for c, (tr, va) in clients.items()] + [Domain("_eval", ev, ev)],
+                     num_classes, x0.shape[1], x0.shape[-1])
+    spec = RunSpec(run_id, method, params, DataConfig(), model_cfg, "_eval", seed, str(device))
+    ledger = MemoryLedger()
+    res = run_federation(spec, ledger, data)
+    run = dict(run_id=run_id, plugin=method, params=dataclasses.asdict(params), model_cfg=model_cfg,
+               shape=(x0.shape[1], x0.shape[-1], num_classes), clients=res["clients"])
+    return AdversaryView(ledger, run, "server", "server", torch.device(device))
+
+
+# ------------------------------------------------------------------------------------------- views
+
+@dataclass
+class Message:
+    env: Any
+    _ledger: Any
+
+    def __getattr__(self, k):
+        return getattr(self.env, k)
+
+    @property
+    def payload(self):
+        return self._ledger.payload(self.env)
+
+
+def view_envelopes(ledger: Ledger, run_id: str, adversary: str, me: str) -> list:
+    """The envelopes of run ``run_id`` that ``me`` observed: all for an eavesdropper, else those it sent or got."""
+    envs = ledger.select(run=run_id)
+    return envs if adversary == "eavesdropper" else [e for e in envs if me in (e.sender, e.receiver)]
+
+
+class AdversaryView:
+    """What one adversary observed in one run, plus the public protocol description (Kerckhoffs).
+
+    Messages whose payload the run did not keep (its ``store``/``store_rounds`` policy) are left out; a payload
+    that was kept but is now missing or altered is an error (the run folder is damaged), never a silent gap."""
+
+    def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
+        self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
+        self.model_cfg, self.shape, self.device = run["model_cfg"], tuple(run["shape"]), device
+        self.clients = list(run["clients"])
+        self.me = me
+        self._msgs = [Message(e, ledger) for e in view_envelopes(ledger, self.run_id, adversary, me)
+                      if ledger.stored(e)]
+
+    def messages(self, **match) -> list[Message]:
+        """Observed messages whose envelope fields equal the given values (lists mean any of)."""
+        return [m for m in self._msgs if all(getattr(m.env, k) in v if isinstance(v, (list, tuple, set))
+                                             else getattr(m.env, k) == v for k, v in match.items())]
+
+    def kinds(self) -> set[str]:
+        return {m.kind for m in self._msgs}
+
+    @property
+    def protocol(self):
+        """The method's plugin class: its public protocol pieces (Kerckhoffs), e.g. a style function, a class code
+        or a generator architecture that the method exposes as class attributes. Attacks use this route, never the
+        method's module internals, so a third-party method can expose the same pieces."""
+        from ..plugins import load_method
+        return load_method(self.method)
+
+    def new_model(self) -> torch.nn.Module:
+        """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
+        from types import SimpleNamespace
+        c, s, k = self.shape
+        m = self.protocol
+        if hasattr(m, "build"):
+            party = SimpleNamespace(params=m.Params(**self.params), shape=(c, s, s, k), model_cfg=self.model_cfg,
+                                    device=self.device)
+            return m.build(party).to(self.device)
+        return build_model(self.model_cfg, c, k, s).to(self.device)
+
+    def model(self, arrays: dict) -> torch.nn.Module:
+        return load_arrays(self.new_model(), arrays).eval()
+
+
+@dataclass
+class Aux:
+    """Auxiliary knowledge the attack declared. ``public``: labelled images of the held-out domain (not a
+    victim's). ``domain_samples``: labelled public samples of each source domain, disjoint from all
+    training data. ``candidates[victim]``: a shuffled pool of that victim's members and non-members, with
+    class labels (membership withheld). ``layout``: how the dataset's images are made, public knowledge of the
+    dataset (the embedded rotated digits: 8x8 digits lifted to 20x20 in a 28x28 canvas, rotated by the domain's
+    angle); empty where the dataset has no such recipe."""
+    public: Split | None = None
+    domain_samples: dict = field(default_factory=dict)
+    candidates: dict = field(default_factory=dict)
+    num_classes: int = 0
+    domains: list = field(default_factory=list)
+    layout: dict = field(default_factory=dict)   # "layout": the public recipe of each domain (DomainSet.layout)
