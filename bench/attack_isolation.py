@@ -19,9 +19,9 @@ from pathlib import Path
 
 import tomli_w
 
-import fdg_audit.attack as A
+import fdg_audit.harness as A
 from fdg_audit import sandbox
-from fdg_audit.attack import run_attacks
+from fdg_audit.harness import run_attacks
 from fdg_audit.data import load_data
 from fdg_audit.runner import run_scenario
 from fdg_audit.scenario import load_raw, parse

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import fdg_audit.attack as A          # noqa: E402
+import fdg_audit.harness as A         # noqa: E402
 import fdg_audit.federation as F      # noqa: E402
 import fdg_audit.report as R          # noqa: E402
 import fdg_audit.runner as RUN        # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
     # attacks run in worker processes (fdg_audit.sandbox), several at once with parallel > 1: time each attack's
     # whole phase (controls, runs, scoring of its outputs), per label
     one = A.attack_runs
-    A.attack_runs = lambda root, label, *a, **k: timed(f"attack {label}", one)(root, label, *a, **k)
+    A.attack_runs = lambda env, label, *a, **k: timed(f"attack {label}", one)(env, label, *a, **k)
     R.write_report = timed("report", R.write_report)
     import fdg_audit.report  # noqa: F401  (runner imports write_report from here at call time)
     # parallel runs train in worker processes: time the whole run loop (training and evaluation) from the start

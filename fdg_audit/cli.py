@@ -78,7 +78,7 @@ def main(argv=None) -> int:
             print(f"results: {root}")
         elif cmd == "attack":
             a = ArgumentParser(AttackArgs, prog="fdg_audit attack").parse_args(rest)
-            from .attack import run_attacks_cli
+            from .harness import run_attacks_cli
             print(run_attacks_cli(a.run_dir, a.attacks, a.quiet, a.trust_plugins, not a.in_process))
         elif cmd == "report":
             a = ArgumentParser(ReportArgs, prog="fdg_audit report").parse_args(rest)

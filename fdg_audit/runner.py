@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +28,13 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__
+from .data import DataConfig
 from .errors import UserError
 from .federation import RunSpec, run_federation
 from .params import resolve_device
 from .ledger import Ledger, atomic_write, npz_bytes, read_secrets, read_summary
 from .privacy import privacy_csv
+from .runfolder import RunFolder, RunInfo
 from .scenario import dump_toml, new_secrets, plan, with_secrets  # noqa: F401  (plan re-exported)
 
 
@@ -62,7 +64,7 @@ def _git_commit() -> str:
 
 def truth_writer(root: Path):
     def sink(run_id: str, client: str, name: str, arrays: dict) -> None:
-        atomic_write(root / "truth" / run_id / client / f"{name}.npz", npz_bytes(arrays))
+        atomic_write(RunFolder(root).truth_file(run_id, client, name), npz_bytes(arrays))
     return sink
 
 
@@ -102,11 +104,12 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
                  resume: str | None = None) -> Path:
     """Validate the whole plan (runs and attacks), then run it into a new folder, or into ``resume`` skipping the
     runs that folder already finished. Ctrl-C ends with one line saying what finished and how to resume."""
-    from .attack import check_attacks
+    from .harness import check_attacks
     from .scenario import load_raw
     raw = load_raw(path, sets)
     keys = read_secrets(Path(resume)) if resume else new_secrets(raw)
-    runs = plan(with_secrets(raw, keys))
+    runs = [dict(r, secret=str(r["dataset_index"]) if str(r["dataset_index"]) in keys else "")
+            for r in plan(with_secrets(raw, keys))]
     sc0 = runs[0]["sc"]
     attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
     check_attacks(attack_cfgs)
@@ -149,7 +152,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     ledger.count = len(keep)
     sink = truth_writer(root)
     infos = dict(done)
-    summary = {"scenario": sc0.name, "runs": []}
+    summary = {"scenario": sc0.name, "reference": sc0.compare_to, "runs": []}
     again = f"python -m fdg_audit scenario {shlex.join([str(path)] + (['--set', *sets] if sets else []))} " \
             f"--resume {shlex.quote(str(root))}"
     i, todo = 0, [(i, r) for i, r in enumerate(runs) if r["run_id"] not in done]
@@ -180,7 +183,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
     try:
         if attack_cfgs:
-            from .attack import run_attacks
+            from .harness import run_attacks
             run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads)
         if sc0.report:
             from .report import write_report
@@ -290,10 +293,14 @@ def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, qui
     spec = RunSpec(r["run_id"], r["method"].name, r["params"], r["ds"], sc.model, r["target"], r["seed"],
                    resolve_device(sc.device), sc.engine, sc.threads or torch.get_num_threads(), privacy=r["privacy"],
                    workers=sc.workers, worker_threads=sc.worker_threads, ray=sc.ray)
+    data = {f.name: getattr(r["ds"], f.name) for f in fields(DataConfig)}
+    if r.get("secret"):   # the split seed stays in truth/secrets.json
+        data.pop("split_seed")
     info = dict(run=r["run_id"], dataset=r["ds"].label, method=r["method"].label, variant=r["variant"],
                 target=r["target"], seed=r["seed"], sweep=r["sweep"], params=asdict(r["params"]),
-                plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {},
-                num_classes=r["data"].num_classes, config_sha256=run_config_hash(r))
+                plugin=r["method"].name, privacy=asdict(r["privacy"]) if r["privacy"] else {}, data=data,
+                secret=r.get("secret", ""), model=asdict(sc.model), num_classes=r["data"].num_classes,
+                channels=r["data"].channels, size=r["data"].size, config_sha256=run_config_hash(r))
     t0 = time.time()
     try:
         res = run_federation(spec, ledger, r["data"], truth_sink=sink,
@@ -311,7 +318,7 @@ def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, qui
                                 for h in res["history"]]
         if not quiet:
             _say_run(i, len(runs), r, info)
-    return info
+    return asdict(RunInfo(**info))   # the run's record in summary.json (fdg_audit.runfolder.RunInfo)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

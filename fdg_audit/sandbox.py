@@ -264,7 +264,7 @@ def worker_context():
         ctx = mp.get_context("forkserver")
         # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first
         # optimizer a process builds (seconds), which every worker that trains or optimises would pay again
-        ctx.set_forkserver_preload(["fdg_audit.api.attack", "torch._dynamo"])
+        ctx.set_forkserver_preload(["fdg_audit.harness", "torch._dynamo"])
         return ctx
     return mp.get_context("spawn")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from .data import DataConfig, load_data
 from .errors import UserError
+from .federation import cohort_on
 from .params import MAX_ROUNDS, TrainParams, _names, resolve_device, safe_name, typed  # noqa: F401  (typed re-exported)
 from .models import ModelConfig
 from .plugins import load_method
@@ -67,6 +68,7 @@ class Scenario:
     attacks: list = field(default_factory=list)   # [[attacks]] tables, or "all" (every applicable attack)
     sweep: dict = field(default_factory=dict)
     privacy: dict = field(default_factory=dict)   # [privacy]: DP-SGD, artifact mechanisms, canaries (fdg_audit.privacy)
+    compare_to: str = "fedavg"    # the method (registered name) every other is compared with: Δ columns
     reference: dict = field(default_factory=dict)  # published numbers the report prints beside the measured ones:
                                                    # source = "...", values = { <method label> = accuracy in [0, 1] }
 
@@ -107,7 +109,8 @@ def _entries(cls, items, where: str) -> list:
     out = []
     for i, t in enumerate(items):
         if not isinstance(t, dict) or "name" not in t:
-            raise UserError(f"{where}[{i}] needs a name, e.g. [[{where}]] name = \"fedavg\"")
+            raise UserError(f"{where}[{i}] needs a name: write a table per entry, [[{where}]] with name = \"<registered "
+                            f"name>\" (`python -m fdg_audit plugins` lists them)")
         fixed = {k: t[k] for k in _names(cls) if k != "params" and k in t}
         e = cls(**fixed, params={k: v for k, v in t.items() if k not in fixed})
         e.label = e.label or e.name
@@ -298,7 +301,7 @@ def plan(raw: dict) -> list[dict]:
     for assign, r in variants(raw):
         sc = parse(r)
         tag = "" if not assign else "[" + ",".join(f"{k.split('.')[-1]}={v}" for k, v in assign.items()) + "]"
-        for ds in sc.datasets:
+        for di, ds in enumerate(sc.datasets):
             data = load_data(ds)
             classes = np.unique(np.concatenate([d.train.y.numpy() for d in data.domains]))
             if len(classes) < 2:
@@ -310,13 +313,14 @@ def plan(raw: dict) -> list[dict]:
             for m in sc.methods:
                 method = load_method(m.name)
                 params = method_params(method, m, sc.train)
+                cohort_on(params)   # a bad cohort setting is refused before any run trains
                 privacy = privacy_config({**sc.privacy, **m.privacy}, f"methods.{m.label}.privacy"
                                          if m.privacy else "privacy")
                 check_run(privacy, sc.model, data, method, params, sc.engine)
                 for t in targets:
                     for seed in sc.seeds:
                         runs.append(dict(sc=sc, data=data, ds=ds, method=m, params=params, target=t, seed=seed,
-                                         variant=tag, sweep=assign, privacy=privacy,
+                                         variant=tag, sweep=assign, privacy=privacy, dataset_index=di,
                                          run_id=f"{ds.label}/{m.label}{tag}/{t}/s{seed}"))
     return runs
 

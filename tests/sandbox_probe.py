@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdg_audit.attack import Attack, AttackParams, Control, Skipped
+from fdg_audit.api.attack import Attack, AttackParams, Control, Skipped
 
 
 @dataclass

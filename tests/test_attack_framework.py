@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from fdg_audit.attack import (
-    AdversaryView, Attack, Aux, Control, Scores, Skipped, Truth, _runs, run_attacks,
-)
+from fdg_audit.api.attack import AdversaryView, Attack, Aux, Control, Scores, Skipped
+from fdg_audit.harness import load_runs, run_attacks
+from fdg_audit.scoring import Truth
 from fdg_audit.cli import main
 from fdg_audit.data import DomainSet
 from fdg_audit.errors import UserError
@@ -32,7 +32,6 @@ class Spy(Attack):
     consumes = ("weights",)
     adversary = "client"
     aux = ("public", "domain_samples", "candidates")
-    target = "membership"
 
     def run(self, view, aux):
         SEEN.append((view, aux))
@@ -97,15 +96,15 @@ def root(tmp_path_factory):
 
 
 def view_of(root, adversary, me):
-    run = next(iter(_runs(Path(root)).values()))
-    return run, AdversaryView(Ledger.open(root), run, adversary, me, torch.device("cpu"))
+    run = next(iter(load_runs(Path(root))[0].values()))
+    return run, AdversaryView(Ledger.open(root), run.protocol(), adversary, me, torch.device("cpu"))
 
 
 # ------------------------------------------------------------------------------------------ views
 
 def test_curious_client_sees_only_its_own_traffic(root):
     run, view = view_of(root, "client", "rot0")
-    envs = [e for e in Ledger.open(root).envelopes if e.run == run["run_id"]]
+    envs = [e for e in Ledger.open(root).envelopes if e.run == run.run]
     others = [e for e in envs if e.sender in ("rot15", "rot30")]
     assert others                                                     # other clients did upload ...
     got = [m.env for m in view.messages()]
@@ -118,7 +117,7 @@ def test_curious_client_sees_only_its_own_traffic(root):
 
 def test_server_and_eavesdropper_views_match_envelopes(root):
     run, server = view_of(root, "server", "server")
-    envs = [e for e in Ledger.open(root).envelopes if e.run == run["run_id"]]
+    envs = [e for e in Ledger.open(root).envelopes if e.run == run.run]
     assert [m.env for m in server.messages()] == [e for e in envs if "server" in (e.sender, e.receiver)] == envs
     assert all("server" in (m.sender, m.receiver) for m in server.messages())   # no client-to-client traffic
     _, eve = view_of(root, "eavesdropper", "eavesdropper")
@@ -141,7 +140,7 @@ def test_ground_truth_never_reaches_the_attack(root):
             assert not isinstance(v, (Truth, DomainSet, Ledger)), type(v)
     for pool in aux.candidates.values():   # ids are pool positions: global ids would reveal the train/val split
         assert np.array_equal(pool.idx, np.arange(len(pool)))
-    data = next(iter(_runs(Path(root)).values()))["data"]
+    data = next(iter(load_runs(Path(root))[1].values()))
     source_train = set(np.concatenate([d.train.idx for d in data.domains if d.name != "rot45"]))
     assert len(aux.public) == 40 and not set(aux.public.idx) & source_train     # public = held-out domain only
     for d in aux.domains:                                                # public samples are never training data
@@ -216,3 +215,27 @@ def test_cli_reruns_attacks_on_a_finished_run(root):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == f"leakage: {Path(root) / 'leakage.csv'}"
     assert {r["victim"] for r in rows(root, attack="spy")} == {"rot15", "rot30", "pooled"}
+
+
+def test_attacking_a_finished_folder_reads_its_run_records_and_never_plans(root, monkeypatch, capsys):
+    import fdg_audit.scenario as S
+    def boom(*a, **k):
+        raise AssertionError("the scenario was planned again")
+    monkeypatch.setattr(S, "plan", boom)
+    monkeypatch.setattr(S, "variants", boom)
+    (Path(root) / "leakage.csv").unlink(missing_ok=True)
+    assert main(["attack", str(root), "--attacks", f"{HERE}:Spy", "--quiet"]) == 0, capsys.readouterr().err
+    assert {r["victim"] for r in rows(root, attack="spy")} == {"rot15", "rot30", "pooled"}
+    described = json.loads((Path(root) / "attacks.json").read_text())["spy"]   # what the attack said of itself
+    assert described["adversary"] == "client" and described["aux"] == ["public", "domain_samples", "candidates"]
+
+
+def test_a_damaged_run_record_is_one_line(root, capsys, tmp_path):
+    import shutil
+    copy = shutil.copytree(root, tmp_path / "copy")
+    s = json.loads((copy / "summary.json").read_text())
+    s["runs"][0]["data"] = {}
+    (copy / "summary.json").write_text(json.dumps(s))
+    assert main(["attack", str(copy), "--attacks", f"{HERE}:Spy", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "has no data record" in err and err.count("\n") == 1

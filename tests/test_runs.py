@@ -105,3 +105,26 @@ max_victims = 1
     items = sorted(p.relative_to(seq) for p in (seq / "items").rglob("*.npz"))
     assert items and items == sorted(p.relative_to(par) for p in (par / "items").rglob("*.npz"))
     assert all((seq / p).read_bytes() == (par / p).read_bytes() for p in items)
+
+
+def test_a_batch_job_says_one_line_per_run_and_per_attack(tmp_path):
+    """stderr redirected to a file (not a TTY): one line per finished run (name, held-out accuracy, seconds) and
+    one per attack, and nothing else but the opening line."""
+    import os
+    import re
+    import subprocess
+    import sys
+    (tmp_path / "s.toml").write_text(TWO.replace("seeds = [0, 1]", 'seeds = [0]\nattacks = [{name = "dataset_size"}]\n'
+                                                                   "report = false"))
+    with open(tmp_path / "err.txt", "w") as err:
+        p = subprocess.run([sys.executable, "-m", "fdg_audit", "scenario", str(tmp_path / "s.toml"), "--out",
+                            str(tmp_path / "runs")], stderr=err, stdout=subprocess.PIPE, text=True, timeout=600,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = (tmp_path / "err.txt").read_text().splitlines()
+    assert p.returncode == 0, lines
+    runs = [ln for ln in lines if re.match(r"\[\d/2\] ", ln)]
+    assert len(runs) == 2 and all(re.search(r": held-out acc 0\.\d{3} .* \d+\.\d s$", ln) for ln in runs), lines
+    assert {ln.split()[1].rstrip(":") for ln in runs} == {"rotated/fedavg/rot0/s0", "rotated/feddg/rot0/s0"}
+    assert [ln for ln in lines if ln.startswith("attack ")] == [next(ln for ln in lines if ln.startswith(
+        "attack dataset_size: 2 runs"))]
+    assert len(lines) == 1 + 2 + 1, lines   # the opening line, the runs, the attack

@@ -186,7 +186,7 @@ def test_attacks_score_many_client_victims(run_toml):
 
 def test_max_victims_samples_with_the_run_seed():
     from types import SimpleNamespace
-    from fdg_audit.attack import sample_victims
+    from fdg_audit.api.attack import sample_victims
     names = [f"d{d}/{k}" for d in range(5) for k in range(20)]
     view = SimpleNamespace(run_id="ds/fedavg/rot0/s0")
     ten = sample_victims(view, names, 10)

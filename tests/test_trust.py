@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import fdg_audit.runner as runner
-from fdg_audit.attack import Attack, AttackParams, Skipped, Scores, run_attacks
+from fdg_audit.api.attack import Attack, AttackParams, Skipped, Scores
+from fdg_audit.harness import run_attacks
 from fdg_audit.cli import main
 
 HERE = __name__
@@ -52,7 +53,7 @@ def one_line_error(capsys, argv, needle: str) -> str:
 EVIL = """
 import pathlib
 pathlib.Path({marker!r}).write_text("imported")
-from fdg_audit.attack import Attack
+from fdg_audit.api.attack import Attack
 class Evil(Attack):
     name = "evil"
     consumes = ("weights",)
@@ -90,8 +91,9 @@ def test_a_crafted_run_folder_runs_no_code(copy, tmp_path, cwd_is):
 
 
 def test_a_folder_naming_an_unknown_method_is_refused(copy, capsys):
-    cfg = (copy / "config.resolved.toml").read_text().replace('name = "fedavg"', 'name = "evil:Evil"')
-    (copy / "config.resolved.toml").write_text(cfg)
+    s = json.loads((copy / "summary.json").read_text())   # the run records name the method the views rebuild
+    s["runs"][0]["plugin"] = "evil:Evil"
+    (copy / "summary.json").write_text(json.dumps(s))
     one_line_error(capsys, ["attack", str(copy), "--attacks", f"{HERE}:Probe"], "names method 'evil:Evil'")
 
 
@@ -103,10 +105,9 @@ class Probe(Attack):
     consumes = ("weights",)
     adversary = "client"
     aux = ("candidates",)
-    target = "membership"
 
     def run(self, view, aux):
-        from fdg_audit.attack import Truth
+        from fdg_audit.scoring import Truth
         from fdg_audit.data import DomainSet
         from fdg_audit.ledger import Ledger
         found = []
@@ -142,7 +143,7 @@ def _probe(root, isolate: bool) -> list:
 def test_a_malicious_attack_reaches_nothing_outside_its_view(copy):
     assert _probe(copy, isolate=True) == []
     found = _probe(copy, isolate=False)    # the in-process debugging mode enforces nothing: the probe is not blind
-    assert {"ledger envelope rot15->server", "file summary.json", "run folder", "object Truth"} <= set(found)
+    assert {"ledger envelope rot15->server", "file summary.json", "run folder", "object DomainSet"} <= set(found)
 
 
 @dataclasses.dataclass
@@ -173,7 +174,7 @@ class FrameWalker(Attack):
 def test_plugin_code_runs_only_in_the_worker(copy, tmp_path):
     """Checking the scenario's attacks (before training) and attacking a folder import and construct the plugin in
     worker processes only: its __init__ never runs in the harness and finds none of the harness's objects."""
-    from fdg_audit.attack import check_attacks
+    from fdg_audit.harness import check_attacks
     marker = tmp_path / "inits.jsonl"
     cfg = {"name": f"{HERE}:FrameWalker", "marker": str(marker)}
     check_attacks([cfg])

@@ -88,7 +88,7 @@ def test_report_never_imports_a_module_that_a_folder_names(copy, tmp_path, monke
     import runpy  # noqa: F401
     import sys
 
-    from fdg_audit.attack import _save_items
+    from fdg_audit.runfolder import RunFolder
     from fdg_audit.metrics.stats import Items
     from fdg_audit.report import write_report
     marker = tmp_path / "imported"
@@ -99,7 +99,7 @@ def test_report_never_imports_a_module_that_a_folder_names(copy, tmp_path, monke
         row = dict(run=run, attack=name, adversary="server", artifact="weights", round=1, victim="rot15", output="",
                    metric="psnr", status="ok", items=Items("mean", np.array([20.0, 21.0]), ids=np.arange(2)),
                    base_items=None)
-        _save_items(copy, name.replace(":", "_"), run, [row])
+        RunFolder(copy).save_items(name.replace(":", "_"), run, [row])
     sys.modules.pop("this", None)
     write_report([copy], tmp_path / "out", quiet=True)
     assert not marker.exists() and "this" not in sys.modules
@@ -135,7 +135,7 @@ def test_the_installed_command_runs_no_selectors_py_from_the_working_directory(r
 
 def _env_probe():
     """An attack that reports what the worker's process tells a plugin: environment, argv, working directory."""
-    from fdg_audit.attack import Attack, Skipped
+    from fdg_audit.api.attack import Attack, Skipped
 
     class Probe(Attack):
         name = "env_probe"
@@ -156,7 +156,7 @@ def test_the_worker_sees_no_harness_environment_argv_or_cwd(copy, monkeypatch): 
     import csv
     import sys
 
-    from fdg_audit.attack import run_attacks
+    from fdg_audit.harness import run_attacks
     monkeypatch.setenv("FDG_HARNESS_SECRET", "s3cret")
     monkeypatch.setattr(sys, "argv", ["fdg-audit", "attack", str(copy)])
     run_attacks(copy, [{"name": f"{__name__}:EnvProbe"}], quiet=True)
@@ -175,7 +175,7 @@ def test_the_worker_sees_no_harness_environment_argv_or_cwd(copy, monkeypatch): 
 def _recompute_probe():
     """A membership attack that rebuilds the data set with fdg_audit.data inside the worker, from the scenario's
     public settings, and calls a candidate a member when its pixels are in the recomputed training split."""
-    from fdg_audit.attack import Attack, Scores
+    from fdg_audit.api.attack import Attack, Scores
 
     class Recompute(Attack):
         name = "recompute"
@@ -205,7 +205,7 @@ def test_truth_cannot_be_recomputed_in_the_worker(tmp_path):
     config): the rebuilt split says nothing about membership (AUC at chance, not the 1.0 of a public split)."""
     import csv
 
-    from fdg_audit.attack import run_attacks
+    from fdg_audit.harness import run_attacks
     from fdg_audit.runner import run_scenario
     from test_attack_framework import SCENARIO
     aucs = {}

@@ -33,6 +33,7 @@ BAD = {
     'attacks=[{name="dataset_size", max_victims=-1}]': "max_victims = -1",
     'attacks=[{name="dataset_size", label="../../escaped"}]': "letters, digits",
     'data.label="a/b"': "letters, digits",
+    'train.cohort="vamp"': "cohort = 'vamp'",   # refused at plan time, not when its run starts
 }
 
 

@@ -27,7 +27,7 @@ import torch
 from ..data import Split
 from ..federation import load_arrays
 from ..ledger import Ledger
-from ..models import build_model
+from ..models import ModelConfig, build_model
 
 ADVERSARIES = ("server", "client", "eavesdropper")
 AUX = ("public", "domain_samples", "candidates", "layout")
@@ -224,7 +224,9 @@ class AdversaryView:
 
     def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
         self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
-        self.model_cfg, self.shape, self.device = run["model_cfg"], tuple(run["shape"]), device
+        cfg = run["model_cfg"]
+        self.model_cfg = ModelConfig(**cfg) if isinstance(cfg, dict) else cfg
+        self.shape, self.device = tuple(run["shape"]), device
         self.clients = list(run["clients"])
         self.me = me
         self._msgs = [Message(e, ledger) for e in view_envelopes(ledger, self.run_id, adversary, me)
@@ -245,6 +247,12 @@ class AdversaryView:
         method's module internals, so a third-party method can expose the same pieces."""
         from ..plugins import load_method
         return load_method(self.method)
+
+    @property
+    def settings(self):
+        """The run's method settings, typed: the method's ``Params`` built from ``params`` (read ``settings.lr``,
+        not ``params["lr"]``; ``params`` stays the plain record, e.g. to re-run the protocol)."""
+        return self.protocol.Params(**self.params)
 
     def new_model(self) -> torch.nn.Module:
         """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""

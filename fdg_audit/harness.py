@@ -1,0 +1,373 @@
+"""The attack harness: plan which attack reads which run, build views, run workers, score, write the results.
+
+``run_attacks(root, attack_cfgs)`` attacks every finished run of a run folder. It reads the runs from the folder's
+records (``RunInfo`` in summary.json, fdg_audit.runfolder) and never re-plans the scenario. Each attack is first
+described by a metadata probe in a throw-away worker (``describe``), so plugin code never runs in the harness;
+then its controls and every run it applies to run in worker processes on materialised views (fdg_audit.sandbox),
+``parallel`` at a time. Outputs are joined with the truth by fdg_audit.scoring and written through the run folder
+module: leakage.csv, controls.json, attacks.json, items/, mia/, recon/. An attack applies to a run when its
+adversary observed a kind it ``consumes`` (``applicable``; ``selection`` lists them per run), which is how
+``attacks = "all"`` picks attacks. Membership scores of several victims are also scored pooled (victim "pooled").
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import time
+import traceback
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from .api.attack import (ADVERSARIES, AUX, AdversaryView, Audit, Control, Estimate, Predictions, Reconstruction,
+                         Scores, Skipped, view_envelopes)
+from .errors import UserError
+from .ledger import Ledger, open_verified
+from .params import resolve_device, safe_name, typed
+from .plugins import available, from_folder, import_path, load_attack, resolve
+from .runfolder import RunFolder, RunInfo
+from .sandbox import AttackFailed, portrait, run_isolated, stop_workers
+from .scoring import Truth, build_aux, score
+
+OUTPUTS = {c.__name__: c for c in (Reconstruction, Scores, Predictions, Estimate, Audit, Skipped, Control)}
+
+
+# ------------------------------------------------------------------------------------------- attacks as described
+
+@dataclass
+class Described:
+    """An attack as the harness knows it: what a metadata probe read off the plugin in a throw-away worker
+    (``describe``), so that plugin code (its import, ``__init__``) never runs in the harness. ``p``: its
+    parameters after ``__init__``, as plain values."""
+    name: str
+    consumes: tuple
+    adversary: str
+    aux: tuple
+    outputs: dict
+    p: Any
+
+    def record(self, entry: str) -> dict:
+        """The attack's line in attacks.json."""
+        return dict(name=entry, adversary=self.adversary, aux=list(self.aux), consumes=list(self.consumes),
+                    outputs=dict(self.outputs))
+
+
+_DESCRIBED: dict = {}   # probe results of this process, by (attack config, device, import path)
+
+
+def describe(cfg: dict, device) -> tuple[str, Described, dict]:
+    """(label, attack, job spec for the worker) of one [[attacks]] entry, validated. The attack is a ``Described``
+    read by a probe worker (one per entry and process); the name is checked against a run folder's guard
+    (``plugins.resolve``) first."""
+    cfg = dict(cfg)
+    name, label = cfg.pop("name"), cfg.pop("label", None) or None
+    resolve("attack", name)
+    key = (json.dumps(cfg, sort_keys=True, default=str), name, str(device), tuple(import_path(name)))
+    if key not in _DESCRIBED:
+        job = dict(attack=name, label=label, params=cfg, device=str(device), mode="describe")
+        _DESCRIBED[key] = _checked(run_isolated(job, OUTPUTS)["describe"], label or name)
+    d = _DESCRIBED[key]
+    label = label or d.name or name
+    safe_name(label, f"attacks.{label}.label")
+    return label, d, dict(attack=name, label=label, params=cfg, device=str(device))
+
+
+def _checked(d, label: str) -> Described:
+    """A probe's answer, checked as data from plugin code: the harness decides with it which runs and views the
+    worker gets."""
+    strs = lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)  # noqa: E731
+    if not (isinstance(d, dict) and isinstance(d.get("name"), str) and strs(d.get("consumes"))
+            and strs(d.get("aux")) and isinstance(d.get("params"), dict) and isinstance(d.get("outputs"), dict)):
+        raise UserError(f"attack {label}: its class does not describe itself (name, consumes, aux, outputs, Params): "
+                        "see attacks/README.md")
+    if d.get("adversary") not in ADVERSARIES:
+        raise UserError(f"attack {label}: adversary {d.get('adversary')!r} is not one of {ADVERSARIES}")
+    if set(d["aux"]) - set(AUX):
+        raise UserError(f"attack {label}: aux {sorted(set(d['aux']) - set(AUX))} unknown; use a subset of {AUX}")
+    p = SimpleNamespace(**d["params"])
+    mv = getattr(p, "max_victims", 0)
+    if not isinstance(mv, int) or isinstance(mv, bool) or mv < 0:
+        raise UserError(f"attacks.{label}.max_victims = {mv!r}: use 0 (every victim) or a positive integer")
+    return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
+                     {str(k): str(v) for k, v in d["outputs"].items()}, p)
+
+
+def make_attack(cfg: dict, device):
+    """(label, attack instance, job spec) built in this process, for ``isolate = False`` (debugging only: plugin
+    code then runs in the harness)."""
+    cfg = dict(cfg)
+    name, label = cfg.pop("name"), cfg.pop("label", None) or None
+    cls = load_attack(name)
+    label = label or cls.name or name
+    safe_name(label, f"attacks.{label}.label")
+    atk = cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    _checked(portrait(atk), label)
+    return label, atk, dict(attack=name, label=label, params=cfg, device=str(device))
+
+
+def _make(cfg: dict, device, isolate: bool = True):
+    return describe(cfg, device) if isolate else make_attack(cfg, device)
+
+
+def check_attacks(attack_cfgs: list[dict]) -> None:
+    """Every attack loads and its parameters are valid (before any training), each probed in a worker."""
+    for c in attack_cfgs:
+        describe(c, "cpu")
+
+
+# ------------------------------------------------------------------------------------------- which runs
+
+def load_runs(root) -> tuple[dict[str, RunInfo], dict[str, Any]]:
+    """The folder's finished runs and their data ({run: DomainSet}, each data set built once), from the runs'
+    records: the scenario is not planned again."""
+    from .data import load_data
+    folder = RunFolder(root)
+    runs, data, built = folder.runs(), {}, {}
+    for run_id, info in runs.items():
+        resolve("method", info.plugin)   # a folder naming a method that is not installed is refused (no import)
+        cfg = folder.data_config(info)
+        key = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str)
+        if key not in built:
+            built[key] = load_data(cfg)
+        data[run_id] = built[key]
+    return runs, data
+
+
+def observer(atk, run: RunInfo) -> str:
+    """The party whose view the attack reads: server, eavesdropper, or the curious client (default the first)."""
+    return {"server": "server", "eavesdropper": "eavesdropper"}.get(atk.adversary) or \
+        atk.p.as_client or run.clients[0]
+
+
+def applicable(atk, kinds) -> bool:
+    """Whether an attack applies to a run: its adversary observed an artifact kind the attack consumes."""
+    return bool(set(atk.consumes) & set(kinds))
+
+
+def wanted(atk, run: RunInfo) -> bool:
+    """The attack's ``targets`` and ``seeds`` filters (empty: every run)."""
+    return (not atk.p.targets or run.target in atk.p.targets) and \
+        (not atk.p.seeds or int(run.seed) in [int(s) for s in atk.p.seeds])
+
+
+def _selection(ledger, runs: dict, attacks: list, absent_client: bool = False) -> dict[str, list[str]]:
+    """``absent_client``: also list a curious-client attack whose client is not in the run (it gets a note row)."""
+    out = {}
+    for run_id, run in runs.items():
+        out[run_id] = []
+        for label, atk, *_ in attacks:
+            me = observer(atk, run)
+            if atk.adversary == "client" and me not in run.clients:
+                if absent_client and wanted(atk, run):
+                    out[run_id].append(label)
+                continue
+            if wanted(atk, run) and \
+                    applicable(atk, {e.kind for e in view_envelopes(ledger, run_id, atk.adversary, me)
+                                     if ledger.stored(e)}):
+                out[run_id].append(label)
+    return out
+
+
+def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
+    """{run: labels of the attacks that apply to it}, as ``run_attacks`` decides, without running them."""
+    root = Path(root)
+    return _selection(Ledger.open(root), RunFolder(root).runs(), [_make(c, "cpu") for c in attack_cfgs])
+
+
+def salted(atk, job: dict, run_seed: int) -> tuple:
+    """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
+    different seeds draw independent attack randomness (restarts, batches, probes) and the intervals over seeds
+    include it; an attack without a ``seed`` parameter is returned as is. Controls keep the unsalted seed."""
+    if not hasattr(atk.p, "seed"):
+        return atk, job
+    seed = zlib.crc32(f"{atk.p.seed}:{int(run_seed)}".encode())
+    a = copy.copy(atk)
+    a.p = copy.copy(atk.p)
+    a.p.seed = seed
+    return a, dict(job, params=dict(job["params"], seed=seed))
+
+
+# ------------------------------------------------------------------------------------------- running
+
+def _controls(atk, job: dict, isolate: bool) -> list:
+    if not isolate:
+        return atk.control()
+    try:
+        return run_isolated(dict(job, mode="control"), OUTPUTS)["controls"]
+    except AttackFailed as e:
+        print(f"attack {job['label']}: control() failed: {e.detail or e}", file=sys.stderr)
+        return [Control(f"control() failed: {e}", "", float("nan"), float("nan"))]
+
+
+def _execute(atk, job: dict, ledger, envs: list, run: RunInfo, me: str, aux, device, isolate: bool) -> list:
+    """Run one attack on one run: in a worker process that sees only the materialised view (default), or in
+    this process (``isolate=False``, debugging only: nothing is enforced there)."""
+    if not isolate:
+        return atk.run(AdversaryView(ledger, run.protocol(), atk.adversary, me, device), aux)
+    job = dict(job, mode="run", run=run.protocol(), adversary=atk.adversary, me=me)
+    return run_isolated(job, OUTPUTS, ledger, envs, aux)["outputs"]
+
+
+class _Later:
+    """A call made when its ``result()`` is asked for, as a future's (the serial path of ``attack_runs``: the
+    control first, then each run in plan order)."""
+
+    def __init__(self, f, *a):
+        self.call = lambda: f(*a)
+
+    def result(self):
+        return self.call()
+
+
+def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: bool = True, parallel: int = 1,
+                threads: int = 0) -> Path:
+    """Run attacks on every finished run of a run folder; write leakage.csv, controls, attacks.json and grids.
+
+    ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.sandbox); False runs
+    it in this process, for debugging, with no boundary enforced. ``parallel``: worker processes at once (an
+    attack's control and its runs), each on ``threads`` torch threads (0: this process's count split among them);
+    rows, items and grids come out in plan order whatever finishes first."""
+    folder = RunFolder(root)
+    ledger = open_verified(folder.root, folder.summary())
+    runs, data = load_runs(folder.root)
+    device = torch.device(resolve_device("auto"))
+    attacks = [_make(c, device, isolate) for c in attack_cfgs]
+    used = {label for labels in _selection(ledger, runs, attacks, True).values() for label in labels}
+    attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
+    parallel = max(1, parallel) if isolate else 1
+    threads = threads or (max(1, torch.get_num_threads() // parallel) if parallel > 1 else 0)
+    rows, controls, cache = [], [], {}
+    pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
+    env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
+                          isolate=isolate, pool=pool, quiet=quiet)
+    try:
+        for label, atk, job in attacks:
+            rows += attack_runs(env, label, atk, dict(job, threads=threads) if threads else job, controls)
+    finally:   # an error or Ctrl-C: queued jobs never start, the attack processes still running stop at once
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        stop_workers()
+    described = {label: (atk if isolate else _checked(portrait(atk), label)).record(job["attack"])
+                 for label, atk, job in attacks}
+    folder.write_results(rows, controls, described)
+    if not quiet and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return folder / "leakage.csv"
+
+
+def attack_runs(env, label: str, atk, job: dict, controls: list) -> list[dict]:
+    """One attack: its controls and every run it applies to (in ``env.pool``'s threads when given); appends to
+    ``controls`` and returns the attack's rows (per-item values and grids are saved on the way)."""
+    t0 = time.perf_counter()
+    jobs, rows = [], []
+    for run_id, run in env.runs.items():
+        if not wanted(atk, run):
+            continue
+        me = observer(atk, run)
+        if atk.adversary == "client" and me not in run.clients:
+            jobs.append((run, me, None, None))   # a note row: this client is not in the run
+            continue
+        envs = view_envelopes(env.ledger, run_id, atk.adversary, me)
+        if not applicable(atk, {e.kind for e in envs if env.ledger.stored(e)}):
+            continue
+        key = (run_id, tuple(sorted(atk.aux)))   # built once per run (and aux need), shared by the attacks
+        if key not in env.cache:
+            env.cache[key] = build_aux(env.data[run_id], run.target, atk.aux, run.seed)
+        jobs.append((run, me, envs, env.cache[key]))
+    submit = (lambda f, *a: env.pool.submit(f, *a)) if env.pool is not None else _Later
+    ctl = submit(_controls, atk, job, env.isolate)
+    futs = [submit(_execute, *salted(atk, job, run.seed), env.ledger, envs, run, me, am[0], env.device, env.isolate)
+            if envs is not None else None for run, me, envs, am in jobs]
+    ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where there is
+    for c in ctl.result():   # none) makes every number of this attack "not measurable"
+        ok &= c.passed
+        controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
+    status = "ok" if ok else "not measurable (control failed)"
+    for (run, me, envs, am), fut in zip(jobs, futs):
+        row = lambda o, victim, r: dict(  # noqa: E731
+            {k: getattr(run, k) for k in ("dataset", "method", "variant", "target", "seed")}, run=run.run,
+            attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
+            victim=victim, output=getattr(o, "variant", ""), status=status, **r)
+        note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
+            o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
+        if fut is None:
+            rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
+            continue
+        if not env.quiet and sys.stderr.isatty():
+            sys.stderr.write(f"\rattack {label} on {run.run} ...")
+        try:
+            outs = fut.result()
+        except UserError:
+            raise
+        except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
+            detail = e.detail if isinstance(e, AttackFailed) else traceback.format_exc()
+            print(f"attack {label} failed on {run.run}: {detail or e}", file=sys.stderr)
+            rows.append(note("failed", f"failed: {e}" if isinstance(e, AttackFailed) else
+                             f"failed: {type(e).__name__}: {e}"))
+            continue
+        rows += _score_run(env, label, run, outs, am, row, note)
+    attacked = sum(f is not None for f in futs)
+    if not env.quiet and not sys.stderr.isatty() and attacked:   # batch jobs: one line per attack
+        print(f"attack {label}: {attacked} runs, {time.perf_counter() - t0:.0f} s"
+              + ("" if ok else " (a control failed: not measurable)"), file=sys.stderr, flush=True)
+    return rows
+
+
+def _score_run(env, label: str, run: RunInfo, outs: list, am: tuple, row, note) -> list[dict]:
+    """Score one run's outputs of one attack and save its items, membership scores and grids."""
+    aux, members = am
+    truth = env.cache.get(run.run) or env.cache.setdefault(run.run, Truth(env.folder.root, run.run,
+                                                                           env.data[run.run]))
+    rows = []
+    for o in outs:
+        if isinstance(o, Skipped):
+            rows.append(note("skipped", f"skipped: {o.reason}", o, o.victim))
+            continue
+        try:
+            scored, images = score(o, truth, members, aux)
+        except FileNotFoundError as e:   # e.g. a DP audit of a run without canaries
+            rows.append(note("skipped", f"skipped: {e}", o, o.victim))
+            continue
+        rows += [row(o, o.victim, r) for r in scored]
+        if images is not None:
+            env.folder.save_grid(label, run.run, o.victim, o.variant, images)
+    for o in _pooled(outs):   # membership scores pooled over victims (resolves lower FPRs)
+        rows += [row(o, "pooled", r) for r in score(o, truth, members, aux)[0]]
+    env.folder.save_scores(label, run.run, [o for o in outs if isinstance(o, Scores) and not o.victims], members)
+    env.folder.save_items(label, run.run, rows)
+    return rows
+
+
+def _pooled(outs: list) -> list:
+    """One Scores per (artifact, round, variant) concatenating every victim's, when there are several victims."""
+    import numpy as np
+    groups: dict = {}
+    for o in outs:
+        if isinstance(o, Scores):
+            groups.setdefault((o.artifact, o.round, o.variant), []).append(o)
+    return [Scores("pooled", a, r, np.concatenate([np.asarray(o.scores) for o in g]), v,
+                   victims=[o.victim for o in g]) for (a, r, v), g in groups.items() if len(g) > 1]
+
+
+def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: bool = False,
+                    isolate: bool = True) -> str:
+    """``attack RUN_DIR``: plugins named by the folder load only if installed (or ``trust``); ``names`` are the
+    user's own choice (command line) and load from anywhere."""
+    root = Path(run_dir)
+    RunFolder(root).summary()
+    with from_folder(root, allow=names, trust=trust):
+        from .scenario import Scenario, load_raw, parse
+        cfg = root / "config.resolved.toml"   # its attacks, and its parallel and threads settings
+        sc = parse(load_raw(cfg)) if cfg.exists() or not names else Scenario()
+        cfgs = [{"name": n} for n in names] if names else \
+            [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks] or \
+            [{"name": n} for n in sorted(available("attack"))]
+        out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
+    return f"leakage: {out}"
