@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped, sample_victims
 from fdg_audit.errors import UserError
 
 KIND = "amplitude_bank"

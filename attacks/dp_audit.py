@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.attack import Attack, AttackParams, Audit, Control, Skipped
+from fdg_audit.api.attack import Attack, AttackParams, Audit, Control, Skipped
 from fdg_audit.privacy import ArtifactMechanism, ClientDP, epsilon, new_accountant
 from fdg_audit.privacy.artifacts import GaussianRows
 from fdg_audit.privacy.audit import one_run_bound

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate, sample_victims
 from fdg_audit.data import Split
 from fdg_audit.errors import UserError
 from fdg_audit.plugins import load_method

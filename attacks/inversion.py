@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction, Skipped, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Reconstruction, Skipped, sample_victims
 from fdg_audit.errors import UserError
 
 

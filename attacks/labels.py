@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Skipped, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Skipped, sample_victims
 
 from .stats import augmentation_factor, estimate_size, weight_rounds, weights_pair
 

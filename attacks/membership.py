@@ -29,7 +29,7 @@ Every attack here reads ``weights`` artifacts, so it applies to every method tha
   (the paper's "01-loss" and "fed-loss"). Needs no reference models.
 
 Reference federations: the attacker re-runs the observed protocol (``view.method`` with ``view.params``, same
-model) through the federation engine (``fdg_audit.attack.federate``, in-memory ledger) on its own data: one
+model) through the federation engine (``fdg_audit.api.attack.federate``, in-memory ledger) on its own data: one
 pseudo-client per observed client, named like it, each holding a random ``ref_fraction`` of the attacker's pool
 (``shadow_data = "public"``: the held-out domain's images split among the pseudo-clients; ``"domain_samples"``:
 each pseudo-client gets public samples of its twin's domain), plus, online, a random half of the twin victim's
@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Aux, Control, Scores, Skipped, federate, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Aux, Control, Scores, Skipped, federate, sample_victims
 from fdg_audit.data import Split
 from fdg_audit.errors import UserError
 

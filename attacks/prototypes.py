@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Reconstruction, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Reconstruction, sample_victims
 from fdg_audit.models import Net
 
 from .style import total_variation

@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped, sample_victims
 from fdg_audit.federation import TrainParams, make_optimizer
 
 STAT_KEYS = ("running_mean", "running_var")

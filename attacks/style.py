@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from fdg_audit import metrics as M
-from fdg_audit.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, sample_victims
+from fdg_audit.api.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, sample_victims
 from fdg_audit.plugins import load_method
 
 KIND = "style_bank"

@@ -38,7 +38,7 @@ def claims(root: Path) -> dict:
         for r in csv.DictReader(f):
             if r["diff_call"]:
                 key = f"{r['dataset']}/{r['method']}{r['variant']} − fedavg: {r['harm']} ({r['adversary'] or '—'})"
-                out[key] = (r["diff_call"], float(r["diff_p_holm"] or "nan"), float(r["diff_fedavg"] or "nan"))
+                out[key] = (r["diff_call"], float(r["diff_p_holm"] or "nan"), float(r["diff_ref"] or "nan"))
     for d in SC.accuracy_differences(T.load([root])):
         out[f"{d['dataset']}: accuracy {d['a']} − {d['b']}"] = (d["call"], d["p_holm"], d["diff"])
     return out

@@ -179,7 +179,8 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         _parallel_stop()
     ledger.close()
     summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
-    summary["bytes"] = bytes_table(ledger.stream())
+    from .report.traffic import bytes_summary
+    summary["bytes"] = bytes_summary((asdict(e) for e in ledger.stream()), summary["runs"])
     atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
     try:
         if attack_cfgs:
@@ -328,30 +329,3 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     w.writeheader()
     w.writerows(rows)
     atomic_write(path, buf.getvalue())
-
-
-def bytes_table(envelopes) -> dict:
-    """Per dataset/method: bytes by artifact kind, one-time (round 0) and per training round, averaged over
-    runs, and the artifact kinds that left the clients."""
-    acc = defaultdict(lambda: {"once": defaultdict(int), "rounds": defaultdict(int), "runs": set(),
-                               "round_ids": set(), "client_kinds": set()})
-    for e in envelopes:
-        ds, method = e.run.split("/")[:2]
-        o = acc[f"{ds}/{method}"]
-        o["runs"].add(e.run)
-        if e.round == 0:
-            o["once"][e.kind] += e.wire_bytes
-        else:
-            o["rounds"][e.kind] += e.wire_bytes
-            o["round_ids"].add((e.run, e.round))
-        if e.sender != "server":
-            o["client_kinds"].add(e.kind)
-    out = {}
-    for k, o in acc.items():
-        nr, nt = len(o["runs"]), max(1, len(o["round_ids"]))
-        once = {kk: v / nr for kk, v in sorted(o["once"].items())}
-        per_round = {kk: v / nt for kk, v in sorted(o["rounds"].items())}
-        out[k] = {"one_time_by_kind": once, "per_round_by_kind": per_round,
-                  "per_run_total": (sum(o["once"].values()) + sum(o["rounds"].values())) / nr,
-                  "rounds_per_run": nt / nr, "kinds_from_clients": sorted(o["client_kinds"])}
-    return out

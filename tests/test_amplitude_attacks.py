@@ -16,7 +16,9 @@ from attacks.amplitude import (
     radial_profile, retrieve, toy_images,
 )
 from fdg_audit import metrics as M
-from fdg_audit.attack import AdversaryView, Truth, _runs, run_attacks
+from fdg_audit.api.attack import AdversaryView
+from fdg_audit.harness import load_runs, run_attacks
+from fdg_audit.scoring import Truth
 from fdg_audit.errors import UserError
 from fdg_audit.federation import Reply
 from fdg_audit.ledger import Ledger
@@ -118,13 +120,14 @@ def value(root, **match):
 @pytest.mark.parametrize("adversary", ["client", "server", "eavesdropper"])
 def test_each_adversary_reads_the_banks_it_observed(runs, adversary):
     root = runs("rot", **ROT)
-    run = next(iter(_runs(root).values()))
-    clients = run["clients"]
+    runs, data = load_runs(root)
+    run = next(iter(runs.values()))
+    clients = run.clients
     me = {"client": clients[0]}.get(adversary, adversary)
-    view = AdversaryView(Ledger.open(root), run, adversary, me, torch.device("cpu"))
+    view = AdversaryView(Ledger.open(root), run.protocol(), adversary, me, torch.device("cpu"))
     banks = bank_entries(view)
     assert [v for v, _, _ in banks] == sorted(c for c in clients if c != me)   # never its own bank
-    truth = Truth(root, run)
+    truth = Truth(root, run.run, data[run.run])
     for victim, rnd, amp in banks:   # the bank is |FFT2| of exactly the recorded images, in row order
         x, _, doms = truth.images(truth.record(victim, "amp")["idx"])
         assert rnd == 0 and set(doms) == {victim}

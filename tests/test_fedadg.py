@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.attack import federate
+from fdg_audit.api.attack import federate
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.errors import UserError
 from fdg_audit.models import ModelConfig

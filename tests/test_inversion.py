@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, cosine_loss, grad_sum,
                                largest_remainder, recover_labels, schedule, simulate)
-from fdg_audit.attack import AdversaryView, Aux, Reconstruction, _runs
+from fdg_audit.api.attack import AdversaryView, Aux, Reconstruction
+from fdg_audit.harness import load_runs
 from fdg_audit.bus import Payload
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.federation import TrainParams, make_optimizer, state_arrays
@@ -170,8 +171,8 @@ def test_fedsgd_batch1_positive_control_through_the_pipeline(run_toml):
     assert (root / "recon" / "update_inversion").is_dir()
 
     # Curious client rot15: θ^2 − θ^1 minus its own share is the other client's update (two clients).
-    run = next(iter(_runs(root).values()))
-    view = AdversaryView(Ledger.open(root), run, "client", "rot15", torch.device("cpu"))
+    run = next(iter(load_runs(root)[0].values()))
+    view = AdversaryView(Ledger.open(root), run.protocol(), "client", "rot15", torch.device("cpu"))
     atk = UpdateInversion(Params(adversary_view="client", iterations=50, restarts=1))
     assert atk.adversary == "client"
     outs = atk.run(view, Aux(num_classes=10))

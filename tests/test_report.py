@@ -12,6 +12,9 @@ from fdg_audit.cli import main
 from fdg_audit.errors import UserError
 from fdg_audit.report import headline, write_report
 from fdg_audit.report import tables as T
+from fdg_audit.report.formatting import fmt
+from fdg_audit.report.traffic import bytes_summary, bytes_table
+from fdg_audit.runfolder import RunFolder
 
 LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact", "round",
                "victim", "output", "metric", "value", "baseline", "status"]
@@ -36,7 +39,7 @@ def env(run, rnd, sender, receiver, kind, nbytes):
 
 
 def fabricate(root, methods=(("fedavg", "", {}), ("feddg", "", {})), seeds=(0, 1, 2), targets=("A", "B"),
-              rounds=2, acc=None, drop=(), leakage=(), extra=True):
+              rounds=2, acc=None, drop=(), leakage=(), extra=True, reference="fedavg"):
     """A run folder written by hand. ``acc(method, variant, target, seed)`` gives target_acc."""
     root.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -64,7 +67,7 @@ def fabricate(root, methods=(("fedavg", "", {}), ("feddg", "", {})), seeds=(0, 1
                         envs.append(env(rid, r, "server", c, "weights", 300))
     runs.append(dict(run=run_id("fedavg", "", "A", 9), dataset="digits", method="fedavg", variant="", target="A",
                      seed=9, sweep={}, params={}, plugin="fedavg", status="failed", error="RuntimeError: boom"))
-    (root / "summary.json").write_text(json.dumps({"scenario": "fab", "runs": runs}))
+    (root / "summary.json").write_text(json.dumps({"scenario": "fab", "reference": reference, "runs": runs}))
     write_csv(root / "metrics.csv", metrics)
     (root / "messages.jsonl").write_text("".join(json.dumps(e) + "\n" for e in envs))
     if leakage:
@@ -155,7 +158,7 @@ def test_single_seed_has_no_std(tmp_path):
     root = fabricate(tmp_path / "r", seeds=(0,), acc=lambda m, v, t, s: 0.5 if t == "A" else 0.7, extra=False)
     row = T.accuracy_table(T.load([root]))[0]
     assert row["mean"]["mean"] == pytest.approx(0.6) and row["mean"]["n"] == 1 and math.isnan(row["mean"]["std"])
-    assert T.fmt(row["mean"]) == "0.600"
+    assert fmt(row["mean"]) == "0.600"
 
 
 # ---------------------------------------------------------------- leakage
@@ -206,7 +209,8 @@ def test_pareto_front_on_a_hand_made_example():
 
 def test_bytes_per_round_by_kind_direction_and_client_kinds(tmp_path):
     root = fabricate(tmp_path / "r", seeds=(0, 1), rounds=4, extra=False)
-    by = T.bytes_table(T.load([root]))
+    res = T.load([root])
+    by = bytes_table(res.envelopes, res.ok)
     avg, dg = by[("digits", "fedavg", "")], by[("digits", "feddg", "")]
     assert avg["runs"] == 4 and set(avg["kinds"]) == {("n_samples", "up"), ("weights", "up"), ("weights", "down")}
     # two clients per run: round 0 n_samples 2x40 once; weights 2x300 each way per round, for 4 rounds
@@ -215,6 +219,9 @@ def test_bytes_per_round_by_kind_direction_and_client_kinds(tmp_path):
     assert (avg["once"], avg["per_round"], avg["total"]) == (80, 1200, 4880)
     assert dg["kinds"][("amplitude_bank", "down")]["once"] == 2000 and dg["once"] == 4080
     assert dg["clients"] == {c: ["amplitude_bank", "n_samples", "weights"] for c in "ABC"}
+    js = bytes_summary(res.envelopes, res.runs)["digits/feddg"]   # summary.json's "bytes" is the same table
+    assert (js["runs"], js["total"], js["by_kind"]["amplitude_bank down"]["once"]) == (4, dg["total"], 2000)
+    assert js["kinds_from_clients"] == ["amplitude_bank", "n_samples", "weights"]
     assert avg["clients"] == {c: ["n_samples", "weights"] for c in "ABC"}
     h = headline(root)
     assert "fedavg  (4 runs; per run: 4.88 kB total, 80 B once at round 0, 1.2 kB per round)" in h
@@ -235,7 +242,7 @@ def test_report_files_relative_links_privacy_roc_and_grids(tmp_path):
     md = write_report([root], out).read_text()
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
     assert links and all(not l.startswith("/") and l.startswith("plots/") for l in links)
-    for name in ("accuracy_digits.png", "bytes.png", "privacy_eps_accuracy.png", "roc_loss.png", "recon_pr.png"):
+    for name in ("accuracy_digits.png", "bytes.png", "privacy_vs_accuracy.png", "roc_loss.png", "recon_pr.png"):
         assert f"plots/{name}" in links
         assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # ε per run = the largest ε in privacy.csv (here 2 * 2 for the second client), shown for feddg only
@@ -257,7 +264,7 @@ def test_aggregates_several_folders_and_later_duplicates_win(tmp_path):
     assert len(res.ok) == 8 and any("appears in" in n for n in res.notes)
     row = next(r for r in T.accuracy_table(res) if r["method"] == "fedavg")
     assert row["mean"]["mean"] == pytest.approx(0.45)            # b's seed 0 replaced a's
-    assert T.bytes_table(res)[("digits", "fedavg", "")]["runs"] == 4
+    assert bytes_table(res.envelopes, res.ok)[("digits", "fedavg", "")]["runs"] == 4
     assert main(["report", str(a), str(b), "--out", str(tmp_path / "agg")]) == 0
     assert (tmp_path / "agg" / "report.md").exists()
     with pytest.raises(UserError, match="summary.json"):
@@ -294,16 +301,15 @@ def test_write_report_on_a_real_tiny_run(run_toml):
 
 # ---------------------------------------------------------------- scorecard
 
-def _items_file(root, attack, run, cands):
+def _items_file(root, attack, run, cands, output="main"):
     """items/<attack>/<run>.npz from (victim, metric, values, baseline values) candidates, as the harness writes."""
-    from fdg_audit.attack import _save_items
     from fdg_audit.metrics.stats import Items
     rows = [dict(run=run, attack=attack, adversary="server", artifact="amplitude_bank" if attack == "pr" else
-                 "weights", round=0, victim=v, output="main", metric=m, status="ok",
+                 "weights", round=0, victim=v, output=output, metric=m, status="ok",
                  items=Items("mean", np.asarray(x, float), ids=np.arange(len(x))),
                  base_items=Items("mean", np.asarray(b, float), ids=np.arange(len(b))))
             for v, m, x, b in cands]
-    _save_items(root, attack, run, rows)
+    RunFolder(root).save_items(attack, run, rows)
 
 
 def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
@@ -328,9 +334,6 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     md = write_report([root], tmp_path / "out").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
     assert sections[:2] == ["## Verdict", "## Privacy scorecard"]
-    verdict = md.split("## Verdict")[1].split("## Privacy scorecard")[0]   # 30 dB and 15 dB both clear 11 dB
-    assert "feddg: reconstruction psnr 30 vs 11" in verdict and "fedavg: reconstruction psnr 15 vs 10.9" in verdict
-    assert "distinguishable: fedavg − feddg = -0.100" in verdict
     with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
         card = list(csv.DictReader(f))
     from fdg_audit.report.scorecard import FIELDS
@@ -346,15 +349,25 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     for r in (avg, dg):
         assert float(r["ci_low"]) < float(r["value"]) < float(r["ci_high"]) and r["control"] == "passed"
         assert r["epsilon"] == "inf" and r["adversary"] == "server" and r["n_runs"] == "6"
-    assert dg["diff_fedavg"] == "" and avg["diff_fedavg"] == ""   # different attacks (budget, prior): no Δ
+    assert dg["diff_ref"] == "" and avg["diff_ref"] == ""   # different attacks (budget, prior): no Δ
     acc = cell[("feddg", "accuracy")]
     assert float(acc["value"]) == pytest.approx(np.mean(list(base.values())) + 0.1)
-    assert float(acc["diff_fedavg"]) == pytest.approx(0.1) and float(acc["baseline"]) == pytest.approx(0.1)
+    assert float(acc["diff_ref"]) == pytest.approx(0.1) and float(acc["baseline"]) == pytest.approx(0.1)
+    assert acc["reference"] == "fedavg" and cell[("fedavg", "accuracy")]["reference"] == ""
+    # the verdict, in words, from these cells: 30 dB and 15 dB both clear 11 dB; feddg's accuracy cost is +0.1
+    verdict = md.split("## Verdict")[1].split("## Privacy scorecard")[0]
+    line = {m: next(x for x in verdict.splitlines() if x.startswith(f"- **{m}**")) for m in ("fedavg", "feddg")}
+    for m, r in (("fedavg", avg), ("feddg", dg)):
+        assert f"reconstruction against the server: recon PSNR dB {float(r['value']):.1f} [" in line[m]
+        assert f"vs baseline {float(r['baseline']):.1f}" in line[m] and "Distinguishable" not in line[m]
+    assert f"Held-out accuracy {float(acc['value']):.3f} [" in line["feddg"]
+    assert "Δ fedavg +0.100" in line["feddg"] and "(n = 6, distinguishable)" in line["feddg"]
+    assert "(the reference)" in line["fedavg"] and "Δ" not in line["fedavg"]
     # the markdown rows carry the csv's numbers
     rows = {(r["method"], r["harm"]): r for r in md_table(md, "method", after="## Privacy scorecard")}
     assert rows[("feddg", "reconstruction")]["value [95% CI]"] == \
         f"{float(dg['value']):.1f} [{float(dg['ci_low']):.1f}, {float(dg['ci_high']):.1f}]"
-    assert rows[("feddg", "reconstruction")]["Δ FedAvg [95% CI]"] == "—"
+    assert rows[("feddg", "reconstruction")]["Δ fedavg [95% CI]"] == "—"
     assert rows[("feddg", "accuracy")]["value [95% CI]"].startswith(f"{float(acc['value']):.3f}")
     # in words: feddg is 0.1 more accurate on every target and seed
     assert "distinguishable: fedavg − feddg = -0.100 [-0.100, -0.100] (n = 6, p = 0)" in md
@@ -365,17 +378,13 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
 
 def test_reconstruction_grids_of_client_ids_stay_flat_and_parse_back(tmp_path):
     """Client ids carry a slash ("rot15/0"): the grid file must not become a folder the report never reads."""
-    from types import SimpleNamespace
-
     import torch
-
-    from fdg_audit.attack import _save_grid
-    from fdg_audit.report.tables import _split_file
     x = torch.zeros(2, 1, 4, 4)
-    _save_grid(tmp_path, "update_inversion", "rotated/fedavg/rot45/s0",
-               SimpleNamespace(scored=(x, x, x), victim="rot15/0", variant="n_assumed"))
+    RunFolder(tmp_path).save_grid("update_inversion", "rotated/fedavg/rot45/s0", "rot15/0", "n_assumed", (x, x, x))
     (f,) = (tmp_path / "recon").glob("*/*.npz")
-    assert _split_file(f.stem, {"rotated/fedavg/rot45/s0"}) == ("rotated/fedavg/rot45/s0", "rot15/0", "n_assumed")
+    got = RunFolder(tmp_path).result_files("recon", {"rotated/fedavg/rot45/s0", "rotated/fedavg/rot4/s0"})
+    assert [(g["run"], g["victim"], g["variant"], g["path"]) for g in got] == \
+        [("rotated/fedavg/rot45/s0", "rot15/0", "n_assumed", f)]
 
 
 @pytest.mark.parametrize("fedavg_level", [15.0, 8.0])
@@ -398,11 +407,11 @@ def test_delta_only_between_the_same_attack_above_baseline_and_intervals_in_rang
     avg, dg = cell[("fedavg", "reconstruction")], cell[("feddg", "reconstruction")]
     assert 0 <= float(dg["ci_low"]) <= float(dg["ci_high"]) <= 60.0 and dg["reading"] == ""
     if fedavg_level > 11:
-        assert avg["reading"] == "" and float(dg["diff_fedavg"]) == pytest.approx(
+        assert avg["reading"] == "" and float(dg["diff_ref"]) == pytest.approx(
             float(dg["value"]) - float(avg["value"]), abs=1e-3)
         assert dg["diff_call"] == "distinguishable" and dg["diff_n"] == "6"
     else:
-        assert avg["reading"] == "no reconstruction at this budget" and dg["diff_fedavg"] == ""
+        assert avg["reading"] == "no reconstruction at this budget" and dg["diff_ref"] == ""
 
 
 def test_the_verdict_lists_only_leaks_whose_interval_clears_the_baseline():
@@ -421,3 +430,67 @@ def test_the_verdict_lists_only_leaks_whose_interval_clears_the_baseline():
     assert not clears(psnr) and clears(dict(psnr, baseline_ci_high="19"))
     err = dict(cell, harm="dataset_size", metric="n_samples_rel_error", ci_low="0.01", ci_high="0.1", baseline="0.25")
     assert clears(err) and not clears(dict(err, ci_high="0.3"))
+
+
+def test_the_reference_method_is_data_and_assumptions_come_from_attacks_json(tmp_path):
+    """The Δ columns compare with summary.json's "reference" (here feddg); folders that disagree get no Δ and a
+    note. The "assumes" column reads attacks.json: the aux in the core's words, then the variant's own words."""
+    from fdg_audit.report import scorecard as SC
+    a = fabricate(tmp_path / "a", acc=lambda m, v, t, s: 0.5 + 0.02 * s + (0.1 if m == "feddg" else 0.0), extra=False,
+                  reference="feddg")
+    rng = np.random.default_rng(2)
+    for r in json.loads((a / "summary.json").read_text())["runs"]:
+        if r["status"] == "ok":
+            _items_file(a, "pr", r["run"], [("B", "psnr", rng.normal(20, 1, 40), rng.normal(11, 1, 40))],
+                        output="sharp" if r["method"] == "feddg" else "main")
+    (a / "attacks.json").write_text(json.dumps({"pr": dict(
+        name="x:Y", adversary="server", aux=["public", "unknown_aux"], consumes=["weights"],
+        outputs={"": "reads the weights as received", "sharp": "a sharpness prior"})}))
+    md = write_report([a], tmp_path / "out").read_text()
+    with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
+        cell = {(r["method"], r["harm"]): r for r in csv.DictReader(f)}
+    avg, dg = cell[("fedavg", "accuracy")], cell[("feddg", "accuracy")]
+    assert avg["reference"] == "feddg" and float(avg["diff_ref"]) == pytest.approx(-0.1) and dg["diff_ref"] == ""
+    rec = cell[("fedavg", "reconstruction")]
+    assert rec["reference"] == "feddg" and float(rec["diff_ref"]) == pytest.approx(
+        float(rec["value"]) - float(cell[("feddg", "reconstruction")]["value"]), abs=1e-3)
+    assert rec["assumes"] == "public target-domain images; reads the weights as received"
+    assert cell[("feddg", "reconstruction")]["assumes"] == "public target-domain images; a sharpness prior"
+    assert "| Δ feddg [95% CI] |" in md and "Δ feddg -0.100" in md
+    (a / "attacks.json").write_text(json.dumps({"pr": dict(name="x:Y", adversary="server", aux=[], consumes=[],
+                                                           outputs={})}))
+    assert {r["assumes"] for r in SC.scorecard(T.load([a])) if r["harm"] == "reconstruction"} == {"no auxiliary data"}
+    b = fabricate(tmp_path / "b", seeds=(7,), extra=False, reference="fedavg")
+    res = T.load([a, b])
+    assert res.reference == "" and any("different reference methods (fedavg, feddg" in n for n in res.notes)
+    assert all(r["diff_ref"] == r["reference"] == "" for r in SC.scorecard(res))
+
+
+def test_the_verdict_says_what_was_measured_distinguished_and_not_resolved():
+    """The verdict is built from scorecard rows only: a cell that clears its baseline is named with its adversary;
+    a failed control is "not measurable"; a cell below its baseline keeps its reading; a Δ over fewer than 3 runs
+    is "not testable"; the accuracy cost is the accuracy row's Δ to the reference."""
+    from types import SimpleNamespace
+
+    from fdg_audit.report.scorecard import FIELDS
+    from fdg_audit.report.verdict import verdict_md
+    row = lambda **k: {f: "" for f in FIELDS} | dict(dataset="digits", variant="", control="passed") | k  # noqa: E731
+    card = [row(method="fedavg", harm="accuracy", metric="target_acc", value="0.5", ci_low="0.45", ci_high="0.55"),
+            row(method="feddg", harm="accuracy", metric="target_acc", value="0.4", ci_low="0.35", ci_high="0.45",
+                reference="fedavg", diff_ref="-0.1", diff_ref_ci_low="-0.15", diff_ref_ci_high="-0.05", diff_n="6",
+                diff_call="distinguishable", diff_p_holm="0.01"),
+            row(method="feddg", harm="membership", adversary="server", metric="auc", value="not measurable",
+                control="failed"),
+            row(method="feddg", harm="reconstruction", adversary="server", metric="psnr", value="9", ci_low="8",
+                ci_high="10", baseline="11", reading="no reconstruction at this budget"),
+            row(method="feddg", harm="domain", adversary="client", metric="domain_balanced_acc", value="0.9",
+                ci_low="0.85", ci_high="0.95", baseline="0.33", attack="stats", artifact="weights", reference="fedavg",
+                diff_ref="0.5", diff_ref_ci_low="0.4", diff_ref_ci_high="0.6", diff_n="2", diff_call="not testable")]
+    res = SimpleNamespace(reference="fedavg", label=lambda g: g[1] + g[2])
+    md = verdict_md(res, card)
+    avg, dg = (next(x for x in md if x.startswith(f"- **{m}**")) for m in ("fedavg", "feddg"))
+    assert "No harm is measured above its baseline" in avg and "Held-out accuracy 0.500 [0.450, 0.550] (the reference)" in avg
+    assert "domain against the client: domain bal. acc 0.900 [0.850, 0.950] vs baseline 0.330 (stats on weights)" in dg
+    assert "membership (server): not measurable" in dg and "reconstruction (server): no reconstruction at this budget" in dg
+    assert "domain (client) against fedavg: not testable (n = 2" in dg and "Distinguishable" not in dg
+    assert "Held-out accuracy 0.400 [0.350, 0.450]; Δ fedavg -0.100 [-0.150, -0.050] (n = 6, distinguishable)" in dg

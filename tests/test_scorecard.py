@@ -131,7 +131,7 @@ def test_balanced_accuracy_items():
 
 # ---------------------------------------------------------------- attacks = "all"
 
-from fdg_audit.attack import Attack  # noqa: E402
+from fdg_audit.api.attack import Attack  # noqa: E402
 
 
 class WeightsProbe(Attack):
@@ -152,7 +152,7 @@ class StyleProbe(Attack):
 
 def test_attacks_all_selects_exactly_the_attacks_whose_consumes_meet_the_ledger(run_toml):
     import json
-    from fdg_audit.attack import selection
+    from fdg_audit.harness import selection
     from fdg_audit.plugins import available, load_attack
     from fdg_audit.scenario import load_raw, parse
     root = run_toml("""
@@ -220,7 +220,7 @@ def test_attacks_all_string_and_bad_keys():
 
 def test_attack_randomness_is_salted_by_the_run_seed():
     """Runs of different seeds draw independent attack randomness; the same run seed gives the same draws."""
-    from fdg_audit.attack import _make, salted
+    from fdg_audit.harness import _make, salted
     _, atk, job = _make({"name": "amplitude_phase_retrieval"}, "cpu")
     seeds = {salted(atk, job, s)[0].p.seed for s in (0, 1, 2)}
     assert len(seeds) == 3 and salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[1]["params"]["seed"]
@@ -230,13 +230,14 @@ def test_attack_randomness_is_salted_by_the_run_seed():
 def test_attack_seed_and_target_filters(tmp_path):
     from types import SimpleNamespace
 
-    from fdg_audit.attack import wanted
+    from fdg_audit.harness import wanted
     from fdg_audit.errors import UserError
     from fdg_audit.runner import run_scenario
     atk = SimpleNamespace(p=SimpleNamespace(targets=["rot0"], seeds=[1]))
-    assert wanted(atk, {"target": "rot0", "seed": 1})
-    assert not wanted(atk, {"target": "rot0", "seed": 0}) and not wanted(atk, {"target": "rot15", "seed": 1})
-    assert wanted(SimpleNamespace(p=SimpleNamespace(targets=[], seeds=[])), {"target": "x", "seed": 5})
+    run = lambda target, seed: SimpleNamespace(target=target, seed=seed)  # noqa: E731  (a RunInfo's fields)
+    assert wanted(atk, run("rot0", 1))
+    assert not wanted(atk, run("rot0", 0)) and not wanted(atk, run("rot15", 1))
+    assert wanted(SimpleNamespace(p=SimpleNamespace(targets=[], seeds=[])), run("x", 5))
     f = tmp_path / "s.toml"
     f.write_text('seeds = [0]\n[[methods]]\nname = "fedavg"\n[[attacks]]\nname = "mia_loss"\nseeds = [3]\n')
     with pytest.raises(UserError, match=r"attacks.mia_loss.seeds = \[3\]"):

@@ -125,15 +125,15 @@ name = "norm_stats_domain"
 def test_label_distribution_score_does_not_charge_a_size_error_twice():
     """label_dist_acc scores the class proportions: an estimate with the right proportions but twice the
     victim's size keeps label_dist_acc = 1 (the size error is dataset_size's), while label_count_acc drops."""
-    from fdg_audit.attack import Estimate, Truth, score
-    from fdg_audit.sandbox import Aux
+    from fdg_audit.api.attack import Aux, Estimate
+    from fdg_audit.scoring import Truth, score
     data = load_data(DataConfig(dataset="digits", family="appearance", per_domain=100, domains=["grey", "colour"]))
     truth = Truth.__new__(Truth)
     truth.data = data
     y = data.domain("colour").train.y.numpy()
     counts = np.bincount(y, minlength=10)
     rows = {r["metric"]: r for r in score(Estimate("colour", "weights", 1, "label_counts", 2.0 * counts), truth, {},
-                                          Aux(num_classes=10, domains=["grey", "colour"]))}
+                                          Aux(num_classes=10, domains=["grey", "colour"]))[0]}
     assert rows["label_dist_acc"]["value"] == pytest.approx(1.0)
     assert rows["label_count_acc"]["value"] == pytest.approx(0.5)
     assert rows["label_dist_acc"]["baseline"] == pytest.approx(rows["label_count_acc"]["baseline"])

@@ -6,7 +6,7 @@ import torch
 
 from attacks.prototypes import ClassPresence, PrototypeInversion
 from attacks.style import StyleAttribute, StyleFingerprint, StyleInversion, perturb, signature
-from fdg_audit.attack import AdversaryView
+from fdg_audit.api.attack import AdversaryView
 
 BASE = """
 name = "t"
@@ -130,7 +130,7 @@ name = "fpl"
     seen = []
     orig = AdversaryView.messages
     monkeypatch.setattr(AdversaryView, "messages", lambda self, **kw: seen.append(self.me) or orig(self, **kw))
-    from fdg_audit.attack import run_attacks
+    from fdg_audit.harness import run_attacks
     # in-process, so that the patched view records who asked (the worker process enforces the view by itself)
     run_attacks(root, [dict(name="prototype_inversion", steps=5)], quiet=True, isolate=False)
     assert set(seen) == {"server"}

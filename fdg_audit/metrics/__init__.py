@@ -1,7 +1,7 @@
 """The one metrics module every attack and the scorer use (definitions: attacks.md §1, §4.1); ``stats``: intervals
-and held-out selection for the scorecard."""
+and held-out selection for the scorecard; ``registry``: unit, direction, range and harm of every scored metric."""
 
-from . import stats
+from . import registry, stats
 
 from .dp import clopper_pearson_upper, eps_lower_bound, one_run_eps, one_run_p_value
 from .image import (
@@ -13,7 +13,7 @@ from .membership import (
 )
 
 __all__ = [
-    "stats",
+    "registry", "stats",
     "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate", "match_batch",
     "matched_psnr", "label_count_accuracy",
     "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "existence_f1",

@@ -6,7 +6,6 @@ Nothing here loops over images or shifts in Python.
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
 PSNR_CAP_DB = 60.0   # PSNR at or above this (MSE <= 1e-6: exact to 8-bit precision, whose limit is 58.9 dB) is this
@@ -74,30 +73,18 @@ def aligned_psnr(x, y, data_range=1.0, return_aligned=False):
     return (p, xa) if return_aligned else p
 
 
-def _gaussian_window(size, sigma, dtype, device):
-    g = torch.exp(-((torch.arange(size, dtype=dtype, device=device) - (size - 1) / 2) ** 2) / (2 * sigma**2))
-    g = g / g.sum()
-    return g[:, None] * g[None, :]
-
-
 def ssim(x, y, data_range=1.0, win_size=11, sigma=1.5, k1=0.01, k2=0.03):
-    """Gaussian-window SSIM (Wang et al. 2004) per image, shape (B,).
+    """Gaussian-window SSIM (Wang et al. 2004) per image, shape (B,): ``pytorch_msssim.ssim``.
 
     11×11 Gaussian window, σ = 1.5, K1 = 0.01, K2 = 0.03, population (weighted, not sample) variances.
     'valid' filtering: only windows fully inside the image are scored (as Wang's MATLAB code), so
-    H and W must be >= win_size. The SSIM map is averaged over positions, then over channels.
-    This is plain SSIM, not breaching's CW-SSIM.
+    H and W must be >= win_size (pytorch_msssim would silently skip the smoothing). The SSIM map is averaged
+    over positions, then over channels. This is plain SSIM, not breaching's CW-SSIM.
     """
-    B, C, H, W = x.shape
-    if min(H, W) < win_size:
-        raise ValueError(f"ssim needs H, W >= win_size={win_size}, got {H}x{W}")
-    w = _gaussian_window(win_size, sigma, x.dtype, x.device).expand(C, 1, win_size, win_size)
-    filt = lambda t: F.conv2d(t, w, groups=C)  # noqa: E731
-    mx, my = filt(x), filt(y)
-    vx, vy, cxy = filt(x * x) - mx**2, filt(y * y) - my**2, filt(x * y) - mx * my
-    c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
-    smap = (2 * mx * my + c1) * (2 * cxy + c2) / ((mx**2 + my**2 + c1) * (vx + vy + c2))
-    return smap.flatten(1).mean(1)
+    from pytorch_msssim import ssim as _ssim
+    if min(x.shape[-2:]) < win_size:
+        raise ValueError(f"ssim needs H, W >= win_size={win_size}, got {x.shape[-2]}x{x.shape[-1]}")
+    return _ssim(x, y, data_range=data_range, size_average=False, win_size=win_size, win_sigma=sigma, K=(k1, k2))
 
 
 def success_rate(psnr_values, threshold=25.0):

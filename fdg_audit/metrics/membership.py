@@ -4,8 +4,10 @@ Convention: `scores` higher = more likely member; `labels` 1 = member, 0 = non-m
 To pool several target models, concatenate their scores and labels before calling.
 """
 
+import warnings
+
 import numpy as np
-from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.metrics import balanced_accuracy_score, f1_score, roc_auc_score, roc_curve
 
 
 def _check(scores, labels):
@@ -57,13 +59,13 @@ def tpr_at_fpr(scores, labels, fpr):
 
 
 def balanced_accuracy(pred, true, n_classes=None):
-    """Mean per-class recall over the classes present in `true` (matches sklearn)."""
+    """Mean per-class recall over the classes present in `true` (sklearn's ``balanced_accuracy_score``).
+
+    ``n_classes`` does not change the value (classes absent from `true` have no recall); it is kept for callers."""
     p, t = np.asarray(pred).ravel().astype(int), np.asarray(true).ravel().astype(int)
-    k = max(int(n_classes or 0), p.max() + 1, t.max() + 1)
-    support = np.bincount(t, minlength=k)
-    hits = np.bincount(t[p == t], minlength=k)
-    present = support > 0
-    return float((hits[present] / support[present]).mean())
+    with warnings.catch_warnings():   # predicted classes absent from `true` are expected (a guesser's mistakes)
+        warnings.simplefilter("ignore", UserWarning)
+        return float(balanced_accuracy_score(t, p))
 
 
 def chance(n_classes):
@@ -72,13 +74,11 @@ def chance(n_classes):
 
 
 def existence_f1(pred_counts, true_counts):
-    """F1 of "class is present" (count > 0), pooled over all entries (micro-F1 for (N, K) arrays).
-
-    Returns 1.0 when neither side has any present class.
+    """F1 of "class is present" (count > 0), pooled over all entries (micro-F1 for (N, K) arrays; sklearn's
+    ``f1_score``). Returns 1.0 when neither side has any present class.
     """
-    p, t = np.asarray(pred_counts) > 0, np.asarray(true_counts) > 0
-    tp, denom = (p & t).sum(), p.sum() + t.sum()
-    return 1.0 if denom == 0 else float(2 * tp / denom)
+    p, t = np.asarray(pred_counts).ravel() > 0, np.asarray(true_counts).ravel() > 0
+    return float(f1_score(t, p, zero_division=1.0))
 
 
 def relative_error(est, true):

@@ -58,7 +58,7 @@ def cp_bound(scores, member, delta: float, alpha: float = 0.05) -> float:
 
 
 def audit_rows(out, record: dict) -> list[dict]:
-    """Scorer rows for an ``fdg_audit.attack.Audit`` output given its truth record (``member``)."""
+    """Scorer rows for an ``fdg_audit.api.attack.Audit`` output given its truth record (``member``)."""
     from ..errors import UserError
     member = np.asarray(record["member"], bool)
     s = np.asarray(out.scores, float)

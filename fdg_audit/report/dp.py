@@ -1,39 +1,65 @@
 """The report's privacy section: accuracy and each harm against epsilon, one line per method, and each stream's share.
 
-``dp_section(scorecard_rows, privacy_rows, plots_dir, envelopes)`` returns markdown lines. ``scorecard_rows`` are rows of
-``scorecard.csv`` (``dataset, method, epsilon, harm, metric, value, ci_low, ci_high, baseline, ...``; ``epsilon`` a
-number or "inf"); ``privacy_rows`` are rows of ``privacy.csv``. A method's variants at several budgets are labelled
-``<method>`` and ``<method>_eps<e>`` (as in scenarios/feddg_vs_csac_dp.toml) and are drawn as one line; any other
-label is its own line; labels ending in ``_audit`` (canary runs) are left out. epsilon = inf is drawn at the right
-of the finite values, on a log axis, and marked so.
+``dp_section(scorecard_rows, runs, privacy_rows, plots_dir, envelopes)`` returns markdown lines. ``scorecard_rows``
+are rows of ``scorecard.csv`` (``dataset, method, variant, epsilon, harm, metric, value, ci_low, ci_high, ...``;
+``epsilon`` a number or "inf"); ``runs`` are summary.json's run entries; ``privacy_rows`` are rows of privacy.csv.
+
+What defines a line is what the runs record, never their labels: runs of the same dataset and method plugin
+(``plugin``), the same sweep values outside ``privacy``, and the same DP mechanisms switched on in their ``privacy``
+config (DP-SGD, client-level DP and its mode, noise on which artifact kinds) form one line, whose points differ by
+budget (noise, clip, target ε). Runs of that plugin without any mechanism are the line's ε = ∞ point (or a line of
+their own when the plugin has no DP run). Audit runs, whose privacy config inserts canaries, are left out. ε = ∞
+is drawn at the right of the finite values, on a log axis, and marked so.
 """
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from pathlib import Path
 
-SUFFIX = re.compile(r"_eps[0-9.]+$")
-HARMS = ("accuracy", "reconstruction", "membership", "domain", "class", "label_distribution", "dataset_size")
+from ..metrics.registry import HARMS
+from .formatting import num, slug
+from .traffic import gkey
+
+CANARIES = ("canaries", "update_canaries", "gradient_canaries")   # fdg_audit.privacy.AuditConfig's canary counts
 
 
-def _eps(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.inf
+def budget(v) -> float:
+    e = num(v)
+    return math.inf if math.isnan(e) else e
 
 
-def _num(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
+def mechanisms(privacy: dict) -> tuple[str, ...]:
+    """The DP mechanisms a run's privacy config (fdg_audit.privacy.PrivacyConfig as a dict) switches on, without
+    their budgets."""
+    p = privacy or {}
+    out = ["DP-SGD"] if p.get("dp_sgd") else []
+    if p.get("client"):
+        out.append(f"client-level DP ({p['client'].get('mode', '')})")
+    return tuple(out + [f"noise on {k}" for k in sorted(p.get("artifacts") or {})])
 
 
-def line_of(method: str) -> str:
-    return SUFFIX.sub("", method)
+def audited(privacy: dict) -> bool:
+    """Whether a run's privacy config inserts canaries (an audit run)."""
+    return any((((privacy or {}).get("audit") or {}).get(k) or 0) for k in CANARIES)
+
+
+def lines_of(runs: list[dict]) -> dict:
+    """{group: [names of the lines it is drawn in]} of every group with a finished run (audit runs: none)."""
+    rec = {}
+    for r in runs:
+        if r.get("status", "ok") == "ok":
+            p, mech = r.get("privacy") or {}, mechanisms(r.get("privacy"))
+            sweep = [f"{k.split('.')[-1]}={v}" for k, v in sorted((r.get("sweep") or {}).items()) if "privacy" not in k]
+            base = repr((r.get("dataset"), r.get("plugin"), sweep))
+            name = r.get("plugin", "") + (f" [{', '.join(sweep)}]" if sweep else "")
+            rec[gkey(r)] = (base, name + (f" ({', '.join(mech)})" if mech else ""), mech, audited(p))
+    dp = defaultdict(set)
+    for base, name, mech, audit in rec.values():
+        if mech and not audit:
+            dp[base].add(name)
+    return {g: [] if audit else [name] if mech else sorted(dp[base]) or [name]
+            for g, (base, name, mech, audit) in rec.items()}
 
 
 def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite: list) -> None:
@@ -73,7 +99,7 @@ def stream_shares(privacy_rows: list[dict]) -> list[dict]:
     by_run: dict = defaultdict(lambda: defaultdict(float))
     adj: dict = {}
     for (run, _, mech), r in last.items():
-        by_run[run][mech] = max(by_run[run][mech], _eps(r["epsilon"]))
+        by_run[run][mech] = max(by_run[run][mech], budget(r["epsilon"]))
         adj[(run, mech)] = r.get("adjacency", "")
     out = []
     for run, mechs in sorted(by_run.items()):
@@ -88,39 +114,43 @@ def stream_shares(privacy_rows: list[dict]) -> list[dict]:
 
 
 def unprotected(envelopes) -> dict:
-    """Per run with any DP mechanism: the kinds its clients sent with no accounted mechanism on them (the ε does not
-    cover what they carry: e.g. FedDG's amplitude bank under client-level DP on the weights)."""
-    guarded, sent = set(), defaultdict(set)
+    """Per run with any DP mechanism: the kinds its clients emitted with no accounted mechanism on them (the ε does
+    not cover what they carry: e.g. a style statistic under client-level DP on the weights)."""
+    guarded, bare = set(), defaultdict(set)
     for e in envelopes:
         if e["sender"] == "server":
             continue
         if any(isinstance(ev, dict) and "epsilon" in ev for ev in e.get("filters") or []):
             guarded.add(e["run"])
         else:
-            sent[e["run"]].add(e["kind"])
-    return {run: sorted(sent[run]) for run in sorted(guarded) if sent[run]}
+            bare[e["run"]].add(e["kind"])
+    return {run: sorted(bare[run]) for run in sorted(guarded) if bare[run]}
 
 
-def dp_section(scorecard_rows: list[dict], privacy_rows: list[dict], plots_dir: Path, envelopes=()) -> list[str]:
+def dp_section(scorecard_rows: list[dict], runs: list[dict], privacy_rows: list[dict], plots_dir: Path,
+               envelopes=()) -> list[str]:
     plots_dir = Path(plots_dir)
-    rows = [r for r in scorecard_rows if not str(r.get("method", "")).endswith("_audit")]
-    if not rows or all(math.isinf(_eps(r.get("epsilon"))) for r in rows):
+    line = lines_of(runs)
+    rows = [r for r in scorecard_rows if line.get((r.get("dataset", ""), r["method"], r.get("variant", "")))]
+    if not rows or all(math.isinf(budget(r.get("epsilon"))) for r in rows):
         return []
     out = ["## Privacy: accuracy and leakage against ε", "",
-           "One line per method (its variants at several budgets); ε is the composed total per client (max over "
-           "clients), ∞ = no mechanism. Relations: see privacy.csv's `adjacency` column (client-level: one client's "
-           "update replaced by zero; example-level: one example added/removed or zeroed).", ""]
+           "One line per method plugin and set of DP mechanisms (its runs at several budgets; runs without a "
+           "mechanism at ε = ∞; audit runs with canaries left out); ε is the composed total per client (max over "
+           "clients). Relations: see privacy.csv's `adjacency` column (client-level: one client's update replaced by "
+           "zero; example-level: one example added/removed or zeroed).", ""]
     groups: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        groups[(r.get("dataset", ""), r["harm"], r.get("adversary", ""), r["metric"])][line_of(r["method"])].append(
-            (_eps(r.get("epsilon")), _num(r["value"]), _num(r.get("ci_low")), _num(r.get("ci_high"))))
-    order = {h: i for i, h in enumerate(HARMS)}
+        for name in line[(r.get("dataset", ""), r["method"], r.get("variant", ""))]:
+            groups[(r.get("dataset", ""), r["harm"], r.get("adversary", ""), r["metric"])][name].append(
+                (budget(r.get("epsilon")), num(r["value"]), num(r.get("ci_low")), num(r.get("ci_high"))))
+    order = {h: i for i, h in enumerate(("accuracy",) + HARMS)}
     for (ds, harm, adv, metric), lines in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99),
                                                                                   kv[0][2], kv[0][3])):
         finite = [e for pts in lines.values() for e, *_ in pts if not math.isinf(e)]
         if not finite:
             continue
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"dp_{ds}_{harm}_{adv}_{metric}".strip("_"))
+        name = slug(f"dp_{ds}_{harm}_{adv}_{metric}")
         inf_x = max(finite) * 4
         title = f"{ds} · {harm}" + (f" ({adv})" if adv else "") + f" · {metric}"
         _plot(plots_dir / f"{name}.png", title, metric, lines, inf_x, finite)
@@ -135,7 +165,8 @@ def dp_section(scorecard_rows: list[dict], privacy_rows: list[dict], plots_dir: 
         out.append("")
     bare = unprotected(envelopes)
     if bare:
-        out += ["Sent by clients outside every mechanism (not covered by the run's ε; the scorecard's leakage cells "
-                "show what they give away):", "", "| run | kinds sent without a mechanism |", "|---|---|"]
+        out += ["Emitted by clients outside every mechanism (not covered by the run's ε; the scorecard's leakage "
+                "cells "
+                "show what they give away):", "", "| run | kinds emitted without a mechanism |", "|---|---|"]
         out += [f"| {run} | {', '.join(kinds)} |" for run, kinds in bare.items()] + [""]
     return out

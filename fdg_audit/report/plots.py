@@ -12,7 +12,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .. import metrics as M
+from ..metrics.registry import info
 from . import tables as T
+from .formatting import ARROW, human_bytes, num, slug
 
 DPI = 110
 
@@ -72,7 +74,7 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
                         "seeds"), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-        files.append(_save(fig, out, f"accuracy_{T.slug(ds)}.png"))
+        files.append(_save(fig, out, f"accuracy_{slug(ds)}.png"))
     return files
 
 
@@ -107,15 +109,8 @@ def sweep(res: T.Results, acc: list[dict], out: Path) -> list[str]:
             ax.set_title(f"{ds}: accuracy vs {key}; mean ± std over {_seeds(rows)}", fontsize=10)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, frameon=False)
-            files.append(_save(fig, out, f"sweep_{T.slug(ds)}_{T.slug(key)}.png"))
+            files.append(_save(fig, out, f"sweep_{slug(ds)}_{slug(key)}.png"))
     return files
-
-
-def _num(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
 
 
 def tradeoff(res: T.Results, card: list[dict], out: Path) -> list[tuple[str, str, str]]:
@@ -130,25 +125,25 @@ def tradeoff(res: T.Results, card: list[dict], out: Path) -> list[tuple[str, str
             pts = []
             for r in card:
                 g = (r["dataset"], r["method"], r["variant"])
-                x = _num(r["value"])
+                x = num(r["value"])
                 if r["dataset"] != ds or r["harm"] != harm or g not in acc or math.isnan(x):
                     continue
-                pts.append((g, r, x, _num(acc[g]["value"])))
+                pts.append((g, r, x, num(acc[g]["value"])))
             if not pts:
                 continue
-            mi = T.info(pts[0][1]["metric"].split("|")[0])
+            mi = info(pts[0][1]["metric"].split("|")[0])
             front = T.pareto_front([(x, y) for _, _, x, y in pts], mi.higher)
             fig = _fig(8.6, 4.8)
             ax = fig.subplots()
             for (g, r, x, y), on in zip(pts, front):
                 a = acc[g]
-                xe = [[max(0.0, x - _num(r["ci_low"]))], [max(0.0, _num(r["ci_high"]) - x)]]
-                ye = [[max(0.0, y - _num(a["ci_low"]))], [max(0.0, _num(a["ci_high"]) - y)]]
+                xe = [[max(0.0, x - num(r["ci_low"]))], [max(0.0, num(r["ci_high"]) - x)]]
+                ye = [[max(0.0, y - num(a["ci_low"]))], [max(0.0, num(a["ci_high"]) - y)]]
                 xe, ye = [[0 if math.isnan(v[0]) else v[0]] for v in xe], [[0 if math.isnan(v[0]) else v[0]] for v in ye]
                 ax.errorbar(x, y, xerr=xe, yerr=ye, fmt=marks.get(r["adversary"], "o"), ms=8 if on else 6,
                             color=col.get(g, "k"), mec="k" if on else col.get(g, "k"), mew=1.5, capsize=2,
                             label=f"{res.label(g)}, {r['adversary']} ({r['attack']}; {r['n_runs']} runs)")
-                b = _num(r["baseline"])
+                b = num(r["baseline"])
                 if not math.isnan(b):
                     ax.plot([b, x], [y, y], color=col.get(g, "k"), lw=0.7, ls=":")
                     ax.plot(b, y, "x", color="0.35", ms=7)
@@ -164,7 +159,7 @@ def tradeoff(res: T.Results, card: list[dict], out: Path) -> list[tuple[str, str
                          "marker: adversary (o server, □ client, △ eavesdropper)", fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-            files.append((ds, harm, _save(fig, out, f"tradeoff_{T.slug(ds)}_{T.slug(harm)}.png")))
+            files.append((ds, harm, _save(fig, out, f"tradeoff_{slug(ds)}_{slug(harm)}.png")))
     return files
 
 
@@ -199,7 +194,7 @@ def bytes_per_round(res: T.Results, by: dict, out: Path) -> list[str]:
                         lw=0.5)
                 left += v
         for i, x in enumerate(left):
-            ax.text(x, i, f" {T.human_bytes(x * f)}", va="center", fontsize=8)
+            ax.text(x, i, f" {human_bytes(x * f)}", va="center", fontsize=8)
         ax.set_xlim(0, max(left.max(), 1e-9) * 1.25)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(f"{unit} per run (encoded wire bytes; 1 kB = 10³ B)")
@@ -207,11 +202,12 @@ def bytes_per_round(res: T.Results, by: dict, out: Path) -> list[str]:
     axes[0].set_yticks(range(len(gs)), [res.label(g) for g in gs])
     axes[0].invert_yaxis()
     handles = [Patch(color=kc[k], label=k) for k in kinds] + \
-        [Patch(facecolor="white", edgecolor="0.3", hatch=hatch[d], label=f"{T.ARROW[d]} {d}")
+        [Patch(facecolor="white", edgecolor="0.3", hatch=hatch[d], label=f"{ARROW[d]} {d}")
          for d in dict.fromkeys(d for _, d in parts)]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(7, len(handles)), fontsize=8, frameon=False)
     n = sorted({by[g]["runs"] for g in gs})
-    fig.suptitle(f"Bytes sent per run by artifact kind (colour) and direction (↑ client→server, ↓ server→client); "
+    fig.suptitle(f"Bytes on the bus per run by artifact kind (colour) and direction (↑ client→server, ↓ server→client);"
+                 " "
                  f"mean over {n[0] if len(n) == 1 else f'{n[0]}–{n[-1]}'} runs per method; no baseline (raw bus "
                  "bytes)", fontsize=10)
     return [_save(fig, out, "bytes.png")]
@@ -243,7 +239,7 @@ def privacy(res: T.Results, acc: list[dict], eps: dict, out: Path) -> list[str]:
                  "baseline: the same methods without DP (dashed)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    return [_save(fig, out, "privacy_eps_accuracy.png")]
+    return [_save(fig, out, "privacy_vs_accuracy.png")]
 
 
 def roc(res: T.Results, out: Path) -> list[str]:
@@ -278,7 +274,7 @@ def roc(res: T.Results, out: Path) -> list[str]:
                      "victims; rates below 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
-        files.append(_save(fig, out, f"roc_{T.slug(attack)}.png"))
+        files.append(_save(fig, out, f"roc_{slug(attack)}.png"))
     return files
 
 
@@ -330,5 +326,5 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
         fig.suptitle(f"{attack}: reconstructions (row 2) of the victim's images (row 1); row 3: the attack's "
                      f"trivial baseline\npixels in [0, 1]; one example run per method (seed and target in the "
                      f"caption)", fontsize=10)
-        files.append(_save(fig, out, f"recon_{T.slug(attack)}.png"))
+        files.append(_save(fig, out, f"recon_{slug(attack)}.png"))
     return files

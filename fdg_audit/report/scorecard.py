@@ -1,9 +1,9 @@
 """The privacy scorecard: one comparable row per (dataset, method, variant, harm, adversary), plus accuracy rows.
 
 ``scorecard(res) -> list[dict]`` with the columns of ``FIELDS`` (written as scorecard.csv by ``write_report``):
-  * harm: accuracy | reconstruction | membership | domain | class | label_distribution | dataset_size, measured
-    by the metric in ``HARMS`` (class: the balanced accuracy of a class attribute attack, or the accuracy of the
-    labels an inversion attack recovers; both have chance 1/K). adversary: server | client | eavesdropper.
+  * harm: accuracy, or a harm of the metric registry (fdg_audit/metrics/registry.py), measured by the metrics
+    the registry marks ``card`` for it (class: the balanced accuracy of a class attribute attack, or the accuracy
+    of the labels an inversion attack recovers; both have chance 1/K). adversary: server | client | eavesdropper.
   * value: per run (held-out target x seed), every measurable output of every attack for that harm and
     adversary (attack x artifact x output variant x victim x round) is a candidate; the strongest candidate is
     chosen on half of the items and scored on the other half (``selection = "heldout"``;
@@ -15,16 +15,20 @@
   * baseline: the trivial attack's value, chosen and scored the same way on its own per-item values where it has
     them (reconstruction: mean / flat images; dataset size: the attacker's own public set size), else the constant
     of leakage.csv (0.5 AUC, chance 1/K), whose interval is that constant.
-  * diff_fedavg: value minus FedAvg's value for the same dataset, variant, harm and adversary, paired by held-out
-    target and seed (the same run draws in both bootstraps); empty for FedAvg itself and where FedAvg has no
-    such cell. For accuracy: the paired difference of held-out accuracy; its interval redraws seeds within each
+  * reference, diff_ref: value minus the reference method's value (``reference``: its label; the method is
+    summary.json's "reference", from the scenario) for the same dataset, variant, harm and adversary, paired by
+    held-out target and seed (the same run draws in both bootstraps); diff_ref_ci_low/high its interval, diff_n
+    the pairs, diff_p_holm and diff_call the Holm-adjusted test. Empty for the reference itself and where it has
+    no such cell. For accuracy: the paired difference of held-out accuracy; its interval redraws seeds within each
     target (accuracy has no per-image values in the run folder, so test-set sampling is not in it).
   * accuracy value: mean over runs of held-out accuracy (the round chosen on source validation), interval from
     redrawing seeds within each target; baseline: chance 1/K.
   * reading: "no reconstruction at this budget" (reconstruction) or "not above baseline" (other harms) when the
-    value does not beat its own baseline: the value is shown, with no Δ. A Δ to FedAvg is computed only between
+    value does not beat its own baseline: the value is shown, with no Δ. A Δ to the reference is computed only between
     cells of the same attack (so the same budget and prior), both beyond their baselines. Intervals are cut to the
     metric's range (PSNR: [0, 60 dB]).
+  * assumes: the auxiliary data and output variant of the chosen attacks, in words, from attacks.json (what each
+    attack said of itself; nothing is imported).
   * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
     measurable"), none (the attacks have no controls). epsilon: the largest ε any client spent by the end of the
     run (privacy.csv), max over the cell's runs; "inf" without DP.
@@ -37,47 +41,37 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from ..metrics import stats as S
+from ..metrics.registry import HARMS, harm_of, info
+from ..runfolder import load_items
 from . import tables as T
 
 FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "adversary", "metric", "value", "ci_low", "ci_high",
-          "baseline", "baseline_ci_low", "baseline_ci_high", "diff_fedavg", "diff_ci_low", "diff_ci_high", "diff_n",
-          "diff_p_holm", "diff_call", "reading", "attack", "artifact", "assumes", "control", "selection", "n_runs",
-          "n_items", "converged"]
-HARMS = {"reconstruction": ("psnr",), "membership": ("auc",), "domain": ("domain_balanced_acc",),
-         "class": ("class_balanced_acc", "label_acc"), "label_distribution": ("label_dist_acc",),
-         "dataset_size": ("n_samples_rel_error",)}
-HARM_OF = {m: h for h, ms in HARMS.items() for m in ms}
-ESTIMATES = {"label_count_acc", "label_dist_acc", "n_samples_rel_error"}   # one value per victim: the victims are the items
+          "baseline", "baseline_ci_low", "baseline_ci_high", "reference", "diff_ref", "diff_ref_ci_low",
+          "diff_ref_ci_high", "diff_n", "diff_p_holm", "diff_call", "reading", "attack", "artifact", "assumes",
+          "control", "selection", "n_runs", "n_items", "converged"]
 AUX_WORDS = {"public": "public target-domain images", "domain_samples": "public samples of each source domain",
-             "candidates": "a pool of the victim's members and non-members"}
-OUTPUT_WORDS = {"box": "box constraint only", "support": "support mask from public images",
-                "support_domain": "support mask from same-site public images",
-                "support_frame": "known-layout frame (the upright 20x20 digit box)",
-                "render": "the dataset's public recipe (8x8 digit, bilinear to 20x20, rotated by the domain's angle)",
-                "perturbed": "perturbed copies of the candidates",
-                "sent": "reads the value the client sent"}
+             "candidates": "a pool of the victim's members and non-members",
+             "layout": "the dataset's public image layout"}
 
 
 def role(adversary: str) -> str:
     return adversary if adversary in ("server", "eavesdropper") else "client"
 
 
-def assumes(attack: str, output: str) -> str:
-    from ..attack import describe
-    from ..plugins import available
-    try:   # only an installed plugin, read by the metadata probe: a name read from a run folder is never imported
-        aux = describe({"name": attack}, "cpu")[1].aux if attack in available("attack") else ()
-    except Exception:  # an installed plugin that does not load: say nothing rather than guess
-        aux = ()
-    words = [AUX_WORDS[a] for a in aux if a in AUX_WORDS] or ["no auxiliary data"]
-    words += [OUTPUT_WORDS[o] for o in output.split("/") if o in OUTPUT_WORDS]
+def assumes(desc: dict, output: str) -> str:
+    """What an attack's chosen output assumes, in words: its auxiliary data (the core's vocabulary) and its output
+    variant's own words, from the attack's entry in attacks.json (``desc``; {} when absent: nothing is said)."""
+    if not desc:
+        return ""
+    words = [AUX_WORDS[a] for a in desc.get("aux", ()) if a in AUX_WORDS] or ["no auxiliary data"]
+    outs = desc.get("outputs", {})
+    words += [outs[o] for o in dict.fromkeys(["" if p == "main" else p for p in output.split("/")]) if outs.get(o)]
     return "; ".join(words)
 
 
 def _candidates(res: T.Results) -> dict:
     """{(group, harm, role): {run: [candidate]}} with candidate = dict(attack, artifact, output, metric, items,
     base, baseline (constant), ok (control passed))."""
-    from ..attack import load_items
     gof = res.group_of()
     out = defaultdict(lambda: defaultdict(list))
     for f in res.items:
@@ -85,20 +79,20 @@ def _candidates(res: T.Results) -> dict:
             continue
         est = defaultdict(list)
         for r in load_items(f["path"]):
-            if r["metric"] not in HARM_OF or str(r.get("victim")) == "pooled" and r["metric"] in ESTIMATES:
+            if not info(r["metric"]).card or str(r.get("victim")) == "pooled" and info(r["metric"]).per_victim:
                 continue
             c = dict(attack=r["attack"], artifact=r["artifact"], output=r["output"] or "", metric=r["metric"],
                      items=r["items"], base=r["base"], ok=str(r.get("status", "ok")) in ("ok", ""),
                      role=role(str(r["adversary"])), round=r["round"])
-            if r["metric"] in ESTIMATES:
+            if info(r["metric"]).per_victim:
                 est[tuple(c[k] for k in ("attack", "artifact", "output", "metric", "role", "round", "ok"))].append(c)
             else:
-                out[(gof[f["run"]], HARM_OF[r["metric"]], c["role"])][f["run"]].append(c)
+                out[(gof[f["run"]], harm_of(r["metric"]), c["role"])][f["run"]].append(c)
         for cs in est.values():   # an estimate's items are the victims
             cat = lambda k: None if any(c[k] is None for c in cs) else S.Items(  # noqa: E731
                 "mean", np.concatenate([c[k].x for c in cs]), ids=np.concatenate([c[k].ids for c in cs]))
             c = dict(cs[0], items=cat("items"), base=cat("base"))
-            out[(gof[f["run"]], HARM_OF[c["metric"]], c["role"])][f["run"]].append(c)
+            out[(gof[f["run"]], harm_of(c["metric"]), c["role"])][f["run"]].append(c)
     return out
 
 
@@ -120,7 +114,7 @@ def _fmt(x) -> str:
 def _select(run: str, cands: list, const: dict) -> dict:
     """The held-out choice in one run: value items, baseline (items or constant), the chosen candidate."""
     cands = [c for c in cands if c["ok"]] or cands
-    higher = T.info(cands[0]["metric"]).higher
+    higher = info(cands[0]["metric"]).higher
     salt = zlib.crc32(run.encode())
     i, items, sel = S.heldout([c["items"] for c in cands], higher, salt)
     chosen = cands[i]
@@ -149,10 +143,13 @@ def scorecard(res: T.Results) -> list[dict]:
             eps[gof[r["run"]]] = max(eps.get(gof[r["run"]], 0.0), r["epsilon"])
     has_controls = {c["attack"] for c in res.controls}
     const = _constant_baseline(res)
-    plugin = {T.gkey(r): r.get("plugin", r.get("method")) for r in res.ok}
+    plugin = {T.gkey(r): (r.get("plugin", r.get("method")), bool(r.get("privacy"))) for r in res.ok}
 
-    def fedavg(g):
-        same = [h for h in res.groups() if h[0] == g[0] and plugin.get(h) == "fedavg"]
+    def ref(g):   # the reference method's group: same dataset, same variant (else none), without DP first
+        if not res.reference:
+            return None
+        same = sorted((h for h in res.groups() if h[0] == g[0] and plugin[h][0] == res.reference),
+                      key=lambda h: plugin[h][1])
         return next((h for h in same if h[2] == g[2]), None) or next((h for h in same if not h[2]), None)
 
     def base_row(g, harm, adversary, metric):
@@ -179,10 +176,11 @@ def scorecard(res: T.Results) -> list[dict]:
             baseline_ci_low=_fmt(1 / k if k else np.nan), baseline_ci_high=_fmt(1 / k if k else np.nan),
             control="none", selection="", n_runs=len(keys), n_items="", attack="", artifact="", assumes="",
             converged=f"{sum(conv[g])}/{len(conv[g])}" if conv[g] else "")
-        f = fedavg(g)
+        f = ref(g)
         if f is not None and f != g:
             common = [k for k in keys if k in acc[f]]
             if common:
+                row["reference"] = res.label(f)
                 row["_d"] = S.paired_values(np.array([acc[g][k] for k in common]),
                                             np.array([acc[f][k] for k in common]), np.array([k[0] for k in common]))
         rows.append(row)
@@ -201,8 +199,8 @@ def scorecard(res: T.Results) -> list[dict]:
         control = "failed" if not ok else "passed" if all(a in has_controls for a in set(attacks)) else "none"
         row = base_row(g, harm, adv, _mode(s["chosen"]["metric"] for s in sel.values())) | dict(
             attack=_mode(attacks), artifact=_mode(s["chosen"]["artifact"] for s in sel.values()),
-            assumes=" | ".join(dict.fromkeys(assumes(s["chosen"]["attack"], s["chosen"]["output"])
-                                             for s in sel.values())),
+            assumes=" | ".join(dict.fromkeys(a for s in sel.values() if (a := assumes(
+                res.attacks.get(s["chosen"]["attack"], {}), s["chosen"]["output"])))),
             control=control, selection=_mode(s["selection"] for s in sel.values()), n_runs=len(sel),
             n_items=sum(len(s["items"]) for s in sel.values()))
         rows.append(row)
@@ -211,7 +209,7 @@ def scorecard(res: T.Results) -> list[dict]:
             continue
         m, lo, hi = S.estimate([s["items"] for s in sel.values()], seed=zlib.crc32(repr((g, harm, adv)).encode()))
         b, blo, bhi = _stat_base([s["base"] for s in sel.values()])
-        mi = T.info(row["metric"].split("|")[0])
+        mi = info(row["metric"].split("|")[0])
         cut = lambda x: x if x != x else min(max(x, mi.lo), mi.hi)  # noqa: E731  (intervals stay in the range)
         row |= dict(value=_fmt(m), ci_low=_fmt(cut(lo)), ci_high=_fmt(cut(hi)), baseline=_fmt(b),
                     baseline_ci_low=_fmt(cut(blo)), baseline_ci_high=_fmt(cut(bhi)),
@@ -220,7 +218,7 @@ def scorecard(res: T.Results) -> list[dict]:
             row["reading"] = "no reconstruction at this budget" if harm == "reconstruction" else "not above baseline"
         cellrow[(g, harm, adv)] = row
     for (g, harm, adv), row in cellrow.items():   # Δ: the same attacks (budget, prior), both beyond their baselines
-        f = fedavg(g)
+        f = ref(g)
         frow = cellrow.get((f, harm, adv)) if f is not None and f != g else None
         if frow is None or frow["attack"] != row["attack"] or not (frow["_above"] and row["_above"]):
             continue
@@ -229,13 +227,14 @@ def scorecard(res: T.Results) -> list[dict]:
         fr = {tag(r): s for r, s in fsel.items() if fsel[r]["ok"]}
         pairs = [(s["items"], fr[tag(r)]["items"]) for r, s in sel.items() if tag(r) in fr]
         if pairs:
+            row["reference"] = res.label(f)
             strata = [tag(r)[0] for r, s in sel.items() if tag(r) in fr]
             d = np.array([a.stat() - b.stat() for a, b in pairs], float)
             row["_d"] = S.compare(d, strata=strata) if len(pairs) > 1 else S.paired(*map(list, zip(*pairs)))
     with_d = [r for r in rows if "_d" in r]
     for r, d in zip(with_d, S.holm_calls([r["_d"] for r in with_d])):   # Holm over every Δ of the scorecard
-        r |= dict(diff_fedavg=_fmt(d["mean"]), diff_ci_low=_fmt(d["lo"]), diff_ci_high=_fmt(d["hi"]), diff_n=d["n"],
-                  diff_p_holm=_fmt(d["p_holm"]), diff_call=d["call"])
+        r |= dict(diff_ref=_fmt(d["mean"]), diff_ref_ci_low=_fmt(d["lo"]), diff_ref_ci_high=_fmt(d["hi"]),
+                  diff_n=d["n"], diff_p_holm=_fmt(d["p_holm"]), diff_call=d["call"])
     return [{k: r.get(k, "") for k in FIELDS} for r in rows]
 
 

@@ -8,80 +8,23 @@ Definitions used everywhere in the report:
     targets, then mean ± std over the seeds that have every target (DomainBed's convention);
   * strongest leakage: per run, the strongest value over victims, rounds (and, where stated, attacks and
     artifacts); then mean ± std over runs (targets x seeds). "Strongest" is the largest value except for
-    error metrics (``METRICS[..].higher``), where the smallest error is the strongest attack;
-  * bytes: encoded wire bytes from messages.jsonl; round 0 is the one-time set-up, "per round" is the mean
-    over the training rounds 1..T; both per run, averaged over the group's runs.
+    error metrics (``higher`` in fdg_audit/metrics/registry.py), where the smallest error is the strongest attack;
+  * bytes on the bus: ``traffic``.
+Every file of a run folder is read through fdg_audit.runfolder.RunFolder; this module builds no path.
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
-import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
-from ..ledger import Ledger, read_summary
-from ..metrics.image import PSNR_CAP_DB
-
-
-@dataclass
-class MetricInfo:
-    unit: str = ""
-    higher: bool = True      # a larger value means a stronger attack (more leakage)
-    text: str = ""
-    lo: float = 0.0          # the metric's range: intervals are cut to it
-    hi: float = 1.0
-
-
-METRICS = {
-    "psnr": MetricInfo("dB", True, "mean PSNR of the reconstructions against the true images", 0.0, PSNR_CAP_DB),
-    "psnr_max": MetricInfo("dB", True, "best single-image PSNR", 0.0, PSNR_CAP_DB),
-    "ssim": MetricInfo("", True, "mean SSIM (Gaussian window 11x11, sigma 1.5)", -1.0, 1.0),
-    "success@25dB": MetricInfo("fraction", True, "fraction of images reconstructed at PSNR >= 25 dB"),
-    "auc": MetricInfo("", True, "membership ROC AUC"),
-    "tpr@0.01fpr": MetricInfo("fraction", True, "membership TPR at 1% FPR"),
-    "tpr@0.001fpr": MetricInfo("fraction", True, "membership TPR at 0.1% FPR"),
-    "class_balanced_acc": MetricInfo("fraction", True, "balanced accuracy of the inferred class"),
-    "domain_balanced_acc": MetricInfo("fraction", True, "balanced accuracy of the inferred source domain"),
-    "label_count_acc": MetricInfo("fraction", True, "label-count accuracy (multiset overlap)"),
-    "label_dist_acc": MetricInfo("fraction", True, "label-distribution accuracy (1 - total variation)"),
-    "label_existence_f1": MetricInfo("", True, "F1 of which labels a client holds"),
-    "n_samples_rel_error": MetricInfo("fraction", False, "relative error of the estimated dataset size", 0.0, math.inf),
-    "label_acc": MetricInfo("fraction", True, "accuracy of the labels inferred with the reconstructions"),
-    "tpr@0fpr": MetricInfo("fraction", True, "membership TPR with no false positive"),
-    "eps_lb_one_run": MetricInfo("", True, "empirical ε lower bound from canaries (one-run audit, 95% conf.)", 0.0,
-                                 math.inf),
-    "eps_lb_cp": MetricInfo("", True, "empirical ε lower bound from canaries (Clopper–Pearson, 95% conf.)", 0.0,
-                            math.inf),
-    "eps_theory": MetricInfo("", True, "the accountant's ε of the audited mechanism (not a measurement)", 0.0,
-                             math.inf),
-    "audit_auc": MetricInfo("", True, "ROC AUC of the canary scores"),
-}
-# the metrics shown in the terminal headline (per artifact, those present), in order of preference
-PRIMARY = ["psnr", "auc", "class_balanced_acc", "domain_balanced_acc", "label_dist_acc", "n_samples_rel_error",
-           "eps_lb_one_run"]
-NOT_LEAKAGE = {"eps_theory"}   # reported in the leakage table, but no axis of an accuracy-vs-leakage plot
-
-
-def info(metric: str) -> MetricInfo:
-    if metric in METRICS:
-        return METRICS[metric]
-    low = any(s in metric.lower() for s in ("error", "mse", "lpips", "distance"))
-    return MetricInfo("", not low, metric, -math.inf, math.inf)
-
-
-def stronger(metric: str, a: float, b: float) -> bool:
-    """Whether value ``a`` is a stronger attack result than ``b`` (NaN is never stronger)."""
-    if math.isnan(a):
-        return False
-    if math.isnan(b):
-        return True
-    return a > b if info(metric).higher else a < b
+from ..ledger import Ledger
+from ..metrics.registry import stronger
+from ..runfolder import RunFolder
+from .formatting import num
+from .traffic import gkey
 
 
 def stat(values) -> dict:
@@ -105,10 +48,12 @@ class Results:
     attack_notes: list = field(default_factory=list)  # leakage.csv rows without a number (skipped, failed)
     recon: list = field(default_factory=list)       # dict(attack, run, victim, variant, path)
     mia: list = field(default_factory=list)         # dict(attack, run, path): raw membership scores of one run
-    items: list = field(default_factory=list)       # dict(attack, run, path): per-item values (attack._save_items)
+    items: list = field(default_factory=list)       # dict(attack, run, path): per-item values of the scored rows
+    attacks: dict = field(default_factory=dict)     # attacks.json: {label: {name, adversary, aux, consumes, outputs}}
     scenarios: list = field(default_factory=list)
     notes: list = field(default_factory=list)
-    reference: dict = field(default_factory=dict)   # the scenario's [reference]: published numbers to print beside
+    reference: str = ""     # summary.json's "reference": the method (registered name) the Δ columns compare with
+    published: dict = field(default_factory=dict)   # the scenario's [reference]: published numbers to print beside
 
     @property
     def ok(self) -> list:
@@ -126,120 +71,57 @@ class Results:
         return (f"{g[0]}/" if many else "") + f"{g[1]}{g[2]}"
 
 
-def gkey(r: dict) -> tuple:
-    return (str(r.get("dataset", "")), str(r.get("method", "")), str(r.get("variant", "") or ""))
-
-
-NEEDS = {"leakage.csv": ("run", "attack", "metric", "value", "baseline", "round", "status"),
-         "privacy.csv": ("run", "epsilon", "delta")}
-
-
-def _csv(path: Path) -> list[dict]:
-    """A run folder's CSV file ([] when absent); one without its columns (NEEDS) is a one-line error."""
-    if not path.exists():
-        return []
-    try:
-        with open(path, newline="") as f:
-            rows = csv.DictReader(f)
-            missing = [c for c in NEEDS.get(path.name, ()) if c not in (rows.fieldnames or [])]
-            rows = list(rows)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise UserError(f"{path} cannot be read as CSV ({e}): the run folder is damaged; restore it or re-run") from None
-    if missing:
-        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}: the run folder is damaged; restore the file "
-                        f"or re-run `fdg_audit attack {path.parent}`")
-    return rows
-
-
-def _controls(path: Path) -> list[dict]:
-    """controls.json: a list of {attack, name, metric, value, threshold, passed}; anything else is one line."""
-    from ..ledger import read_json
-    c = read_json(path, "attack controls file")
-    keys = ("attack", "name", "metric", "value", "threshold", "passed")
-    if not (isinstance(c, list) and all(isinstance(x, dict) and all(k in x for k in keys) for x in c)):
-        raise UserError(f"{path} is not a list of attack controls ({', '.join(keys)}): the run folder is damaged; "
-                        f"re-run `fdg_audit attack {path.parent}`")
-    return c
-
-
-def _num(x):
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _split_file(stem: str, runs: set) -> tuple | None:
-    """``<run with / as __>__<victim>__<variant>`` -> (run, victim, variant), matched against known runs."""
-    for run in sorted(runs, key=len, reverse=True):
-        safe = run.replace("/", "__") + "__"
-        if stem.startswith(safe):
-            rest = stem[len(safe):].split("__")
-            return run, rest[0].replace("@", "/"), "__".join(rest[1:]) or "main"
-    return None
-
-
-def _reference(root: Path) -> dict:
-    """The [reference] table of a run folder's config.resolved.toml (validated when the scenario was planned)."""
-    import tomllib
-    try:
-        ref = tomllib.loads((root / "config.resolved.toml").read_text()).get("reference", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return {}
-    return ref if isinstance(ref, dict) and isinstance(ref.get("values", {}), dict) else {}
+def _reference(res: Results, refs: list) -> None:
+    """The folders' reference method: all must record the same one, else no Δ (a note says why)."""
+    named = set(refs)
+    if len(named) == 1 and None not in named:
+        res.reference = refs[0]
+        return
+    why = "record no reference method (written by an older fdg_audit)" if named == {None} else \
+        f"record different reference methods ({', '.join(sorted(map(str, named)))}; None: none recorded)"
+    res.notes.append(f"the run folders {why}: no differences to a reference are computed")
 
 
 def load(run_dirs) -> Results:
     """Read one or many run folders. A run present in several folders is taken from the last one."""
-    roots = [Path(d) for d in run_dirs]
-    res = Results(roots)
+    folders = [RunFolder(d) for d in run_dirs]
+    res = Results([f.root for f in folders])
     chosen: dict[str, int] = {}
-    per_root = []
-    for i, root in enumerate(roots):
-        f = root / "summary.json"
-        if not f.exists():
-            raise UserError(f"{root} has no summary.json: pass run folders written by `fdg_audit scenario` "
-                            "(runs/<scenario>/<timestamp>)")
-        s = read_summary(root)
-        res.scenarios.append(s.get("scenario", root.name))
-        res.reference = _reference(root) or res.reference
-        for r in s.get("runs", []):
+    per_root, refs = [], []
+    for i, rf in enumerate(folders):
+        s = rf.summary()
+        res.scenarios.append(s.get("scenario", rf.root.name))
+        res.published = rf.reference_values() or res.published
+        refs.append(s.get("reference") if isinstance(s.get("reference"), str) else None)
+        for r in s["runs"]:
             if r["run"] in chosen and r.get("status") == "ok":
-                res.notes.append(f"run {r['run']} appears in {roots[chosen[r['run']]]} and {root}: using {root}")
+                res.notes.append(f"run {r['run']} appears in {folders[chosen[r['run']]].root} and {rf.root}: using "
+                                 f"{rf.root}")
             if r.get("status") == "ok" or r["run"] not in chosen:
                 chosen[r["run"]] = i
-        per_root.append(s.get("runs", []))
+        per_root.append(s["runs"])
+    _reference(res, refs)
     for i, runs in enumerate(per_root):
-        res.runs += [dict(r, root=str(roots[i])) for r in runs if chosen[r["run"]] == i]
-    mine = lambda i, run: chosen.get(run) == i
-    for i, root in enumerate(roots):
-        for r in _csv(root / "leakage.csv"):
-            if not mine(i, r["run"]):
+        res.runs += [dict(r, root=str(folders[i].root)) for r in runs if chosen[r["run"]] == i]
+    for i, rf in enumerate(folders):
+        runs = {r for r, j in chosen.items() if j == i}
+        for r in rf.leakage():
+            if r["run"] not in runs:
                 continue
-            r = dict(r, value=_num(r.get("value")), baseline=_num(r.get("baseline")),
-                     round=int(_num(r["round"])) if r.get("round") not in ("", None) else -1)
+            r = dict(r, value=num(r.get("value")), baseline=num(r.get("baseline")),
+                     round=int(num(r["round"])) if r.get("round") not in ("", None) else -1)
             status = r.get("status") or "ok"
             measured = r["metric"] not in ("skipped", "failed") and not status.startswith(("skipped", "failed"))
             (res.leakage if measured else res.attack_notes).append(r)
-        for r in _csv(root / "privacy.csv"):
-            if mine(i, r.get("run", "")):
-                res.privacy.append(dict(r, epsilon=_num(r.get("epsilon")), delta=_num(r.get("delta"))))
-        if (root / "controls.json").exists():
-            res.controls += [dict(c, root=str(root)) for c in _controls(root / "controls.json")]
-        if (root / "messages.jsonl").exists():   # Ledger.open: a torn last line is dropped, damage is one line
-            res.envelopes += [asdict(e) for e in Ledger.open(root).envelopes if mine(i, e.run)]
-        runs = {r for r, j in chosen.items() if j == i}
-        for p in sorted((root / "recon").glob("*/*.npz")):
-            hit = _split_file(p.stem, runs)
-            if hit:
-                res.recon.append(dict(attack=p.parent.name, run=hit[0], victim=hit[1], variant=hit[2], path=p))
-        safe = {r.replace("/", "__"): r for r in runs}
-        for p in sorted((root / "mia").glob("*/*.npz")):
-            if p.stem in safe:
-                res.mia.append(dict(attack=p.parent.name, run=safe[p.stem], path=p))
-        for p in sorted((root / "items").glob("*/*.npz")):
-            if p.stem in safe:
-                res.items.append(dict(attack=p.parent.name, run=safe[p.stem], path=p))
+        res.privacy += [dict(r, epsilon=num(r.get("epsilon")), delta=num(r.get("delta")))
+                        for r in rf.privacy() if r.get("run", "") in runs]
+        res.controls += [dict(c, root=str(rf.root)) for c in rf.controls()]
+        res.attacks |= rf.attacks()
+        if (rf / "messages.jsonl").exists():   # Ledger.open: a torn last line is dropped, damage is one line
+            res.envelopes += [asdict(e) for e in Ledger.open(rf.root).envelopes if e.run in runs]
+        res.recon += rf.result_files("recon", runs)
+        res.mia += rf.result_files("mia", runs)
+        res.items += rf.result_files("items", runs)
     return res
 
 
@@ -318,18 +200,6 @@ def leakage_table(res: Results) -> list[dict]:
     return rows
 
 
-def method_leakage(res: Results, metric: str) -> dict:
-    """{group: dict(value=stat, baseline=stat)}: per run the strongest ``metric`` over every measurable
-    attack, artifact, victim and round; then over runs. Rows whose control failed are left out."""
-    gof = res.group_of()
-    rows = [r for r in res.leakage if r["metric"] == metric and r.get("status") in ("ok", "", None) and r["run"] in gof]
-    by = defaultdict(list)
-    for (run,), r in per_run_strongest(rows, ()).items():
-        by[gof[run]].append(r)
-    return {g: dict(value=stat(r["value"] for r in rs), baseline=stat(r["baseline"] for r in rs))
-            for g, rs in by.items() if any(not math.isnan(r["value"]) for r in rs)}
-
-
 def pareto_front(points: list[tuple[float, float]], higher: bool = True) -> list[bool]:
     """Which (leakage, accuracy) points are Pareto-optimal: no other point has at least the accuracy and at
     most the leakage, and is strictly better in one. ``higher``: larger leakage values mean more leakage."""
@@ -363,63 +233,6 @@ def membership_scores(res: Results) -> dict:
                         models=d["models"]) for k, d in by.items()} for a, by in out.items()}
 
 
-# ------------------------------------------------------------------------------------------- bytes
-
-def direction(e: dict) -> str:
-    if e["receiver"] == "server":
-        return "up"
-    if e["sender"] == "server":
-        return "down"
-    return "peer"
-
-
-ARROW = {"up": "↑", "down": "↓", "peer": "↔"}
-
-
-def bytes_table(res: Results) -> dict:
-    """{group: dict(runs, kinds={(kind, direction): dict(once, per_round, total)}, once, per_round, total,
-    clients={client: sorted kinds it sent})}, bytes per run averaged over the group's runs."""
-    gof = res.group_of()
-    rounds = {r["run"]: int((r.get("params") or {}).get("rounds") or 0) for r in res.ok}
-    for e in res.envelopes:
-        if e["run"] in rounds and not rounds[e["run"]]:
-            rounds[e["run"]] = max(rounds[e["run"]], e["round"])
-    acc = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0, 0.0]))
-    runs, clients = defaultdict(set), defaultdict(lambda: defaultdict(set))
-    for e in res.envelopes:
-        if e["run"] not in gof:
-            continue
-        g = gof[e["run"]]
-        runs[g].add(e["run"])
-        a = acc[g][(e["kind"], direction(e))]
-        b = e["wire_bytes"]
-        a[2] += b
-        if e["round"] == 0:
-            a[0] += b
-        else:
-            a[1] += b / max(1, rounds[e["run"]])
-        if e["sender"] != "server":
-            clients[g][e["sender"]].add(e["kind"])
-    out = {}
-    for g in res.groups():
-        n = len(runs[g])
-        if not n:
-            continue
-        order = sorted(acc[g], key=lambda k: (k[0], list(ARROW).index(k[1])))
-        kinds = {k: dict(once=acc[g][k][0] / n, per_round=acc[g][k][1] / n, total=acc[g][k][2] / n) for k in order}
-        out[g] = dict(runs=n, kinds=kinds, **{f: sum(k[f] for k in kinds.values())
-                                              for f in ("once", "per_round", "total")},
-                      clients={c: sorted(k) for c, k in sorted(clients[g].items())})
-    return out
-
-
-def human_bytes(b: float) -> str:
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= f:
-            return f"{b / f:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
 # ------------------------------------------------------------------------------------------- privacy
 
 def privacy_table(res: Results) -> dict:
@@ -436,41 +249,3 @@ def privacy_table(res: Results) -> dict:
         by[gof[run]].append(r)
     return {g: dict(epsilon=stat(r["epsilon"] for r in rs), delta=max(r["delta"] for r in rs))
             for g, rs in by.items()}
-
-
-# ------------------------------------------------------------------------------------------- text
-
-def fmt(s: dict, digits: int = 3) -> str:
-    if not s or s["n"] == 0:
-        return "—"
-    m = f"{s['mean']:.{digits}f}"
-    return m if s["n"] == 1 else f"{m} ± {s['std']:.{digits}f}"
-
-
-def fmt_metric(metric: str, s: dict) -> str:
-    u = info(metric).unit
-    return fmt(s, 1 if u == "dB" else 3) + (" dB" if u == "dB" and s["n"] else "")
-
-
-def md_table(headers: list[str], rows: list[list]) -> str:
-    esc = lambda c: str(c).replace("|", "\\|")
-    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def text_table(headers: list[str], rows: list[list]) -> str:
-    """Fixed-width table; a cell may hold several lines (one row then spans several terminal lines)."""
-    cells = [[str(c).split("\n") for c in r] for r in [headers] + rows]
-    w = [max(len(line) for r in cells for line in r[i]) for i in range(len(headers))]
-    out = []
-    for j, r in enumerate(cells):
-        for k in range(max(len(c) for c in r)):
-            out.append("  ".join((c[k] if k < len(c) else "").ljust(w[i]) for i, c in enumerate(r)).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * x for x in w))
-    return "\n".join(out)
-
-
-def slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "x"

@@ -1,0 +1,101 @@
+"""Every metric the scorer emits (fdg_audit.scoring.score, fdg_audit.privacy.audit.audit_rows), in one place.
+
+One line per metric: its unit, its direction (``higher``: a larger value is a stronger attack; False for error
+metrics), its range ``[lo, hi]`` (intervals are cut to it; PSNR is capped at ``PSNR_CAP_DB``), the harm it measures
+and a short label for tables. ``card`` marks the metric that scores its harm in the scorecard; ``per_victim`` marks
+estimates with one value per victim (their items are the victims). The report reads all of this from here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import UserError
+from .image import PSNR_CAP_DB
+
+HARMS = ("reconstruction", "membership", "domain", "class", "label_distribution", "dataset_size", "dp_audit", "none")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    higher: bool              # a larger value means a stronger attack (more leakage)
+    lo: float
+    hi: float
+    harm: str                 # one of HARMS
+    label: str                # short, for table headings
+    text: str                 # one sentence, for the report's list of metrics
+    card: bool = False        # the metric the scorecard scores its harm by
+    per_victim: bool = False  # one value per victim (an estimate): the victims are its items
+
+
+INF = math.inf
+_ROWS = [  # name, unit, higher, lo, hi, harm, label, text, card, per_victim
+    ("psnr", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "recon PSNR dB",
+     "mean PSNR of the reconstructions against the true images", True, False),
+    ("psnr_max", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "best PSNR dB", "best single-image PSNR", False,
+     False),
+    ("ssim", "", True, -1.0, 1.0, "reconstruction", "SSIM", "mean SSIM (Gaussian window 11x11, sigma 1.5)", False,
+     False),
+    ("success@25dB", "fraction", True, 0.0, 1.0, "reconstruction", "PSNR >= 25 dB",
+     "fraction of images reconstructed at PSNR >= 25 dB", False, False),
+    ("label_acc", "fraction", True, 0.0, 1.0, "class", "label acc",
+     "accuracy of the labels inferred with the reconstructions", True, False),
+    ("auc", "", True, 0.0, 1.0, "membership", "membership AUC", "membership ROC AUC", True, False),
+    ("tpr@0.01fpr", "fraction", True, 0.0, 1.0, "membership", "TPR@1%FPR", "membership TPR at 1% FPR", False, False),
+    ("tpr@0.001fpr", "fraction", True, 0.0, 1.0, "membership", "TPR@0.1%FPR", "membership TPR at 0.1% FPR", False,
+     False),
+    ("tpr@0fpr", "fraction", True, 0.0, 1.0, "membership", "TPR@0FPR", "membership TPR with no false positive", False,
+     False),
+    ("class_balanced_acc", "fraction", True, 0.0, 1.0, "class", "class acc",
+     "balanced accuracy of the inferred class", True, False),
+    ("domain_balanced_acc", "fraction", True, 0.0, 1.0, "domain", "domain bal. acc",
+     "balanced accuracy of the inferred source domain", True, False),
+    ("n_samples_rel_error", "fraction", False, 0.0, INF, "dataset_size", "size rel. error",
+     "relative error of the estimated dataset size", True, True),
+    ("label_count_acc", "fraction", True, 0.0, 1.0, "label_distribution", "label count acc",
+     "label-count accuracy (multiset overlap)", False, True),
+    ("label_dist_acc", "fraction", True, 0.0, 1.0, "label_distribution", "label counts acc",
+     "label-distribution accuracy (1 - total variation)", True, True),
+    ("label_existence_f1", "", True, 0.0, 1.0, "label_distribution", "label existence F1",
+     "F1 of which labels a client holds", False, False),
+    ("eps_lb_one_run", "", True, 0.0, INF, "dp_audit", "ε lower bound (one run)",
+     "empirical ε lower bound from canaries (one-run audit, 95% conf.)", False, False),
+    ("eps_lb_cp", "", True, 0.0, INF, "dp_audit", "ε lower bound (CP)",
+     "empirical ε lower bound from canaries (Clopper–Pearson, 95% conf.)", False, False),
+    ("eps_theory", "", True, 0.0, INF, "none", "ε of the accountant",
+     "the accountant's ε of the audited mechanism (not a measurement)", False, False),
+    ("audit_auc", "", True, 0.0, 1.0, "dp_audit", "canary AUC", "ROC AUC of the canary scores", False, False),
+]
+METRICS = {r[0]: Metric(*r) for r in _ROWS}
+
+
+def info(metric: str) -> Metric:
+    """The registry entry of ``metric``; a name not in the registry is a one-line error."""
+    try:
+        return METRICS[metric]
+    except KeyError:
+        raise UserError(f"metric {metric!r} is not in the metric registry (fdg_audit/metrics/registry.py): add it "
+                        "there with its unit, direction, range and harm") from None
+
+
+def harm_of(metric: str) -> str:
+    return info(metric).harm
+
+
+def card_metrics(harm: str) -> tuple[str, ...]:
+    """The metrics that score ``harm`` in the scorecard, in registry order."""
+    return tuple(m.name for m in METRICS.values() if m.card and m.harm == harm)
+
+
+def stronger(metric: str, a: float, b: float) -> bool:
+    """Whether value ``a`` is a stronger attack result than ``b`` (NaN is never stronger)."""
+    if math.isnan(a):
+        return False
+    if math.isnan(b):
+        return True
+    return a > b if info(metric).higher else a < b
+
+
+__all__ = ["HARMS", "METRICS", "Metric", "card_metrics", "harm_of", "info", "stronger"]

@@ -1,0 +1,82 @@
+"""Text helpers of the report: numbers, cells with intervals, markdown and fixed-width tables."""
+from __future__ import annotations
+
+import re
+
+from ..metrics.registry import info
+
+ARROW = {"up": "↑", "down": "↓", "peer": "↔"}
+
+
+def num(x) -> float:
+    """A CSV cell as a float; NaN for anything that is not a number (an empty cell, "not measurable")."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def digits(row: dict) -> int:
+    """Decimals of a scorecard row's numbers: 1 for dB, else 3 (accuracy rows have no registry metric)."""
+    return 1 if row.get("harm") != "accuracy" and info(row["metric"].split("|")[0]).unit == "dB" else 3
+
+
+def fmt(s: dict, d: int = 3) -> str:
+    if not s or s["n"] == 0:
+        return "—"
+    m = f"{s['mean']:.{d}f}"
+    return m if s["n"] == 1 else f"{m} ± {s['std']:.{d}f}"
+
+
+def fmt_metric(metric: str, s: dict) -> str:
+    u = info(metric).unit
+    return fmt(s, 1 if u == "dB" else 3) + (" dB" if u == "dB" and s["n"] else "")
+
+
+def ci(r: dict, key: str = "", d: int | None = None) -> str:
+    """"v [lo, hi]" of a scorecard row's value (key ""), baseline ("baseline") or difference to the reference
+    ("diff_ref", with n and the Holm-adjusted call)."""
+    pre = f"{key}_" if key else ""
+    v, lo, hi = r[key or "value"], r[f"{pre}ci_low"], r[f"{pre}ci_high"]
+    if v in ("", None):
+        return "—"
+    if v == "not measurable":
+        return v
+    d = digits(r) if d is None else d
+    sign = "+" if key == "diff_ref" else ""
+    f = lambda x: f"{num(x):{sign}.{d}f}"  # noqa: E731
+    out = f(v) + ("" if lo in ("", None) or lo == hi or num(lo) != num(lo) else f" [{f(lo)}, {f(hi)}]")
+    if key == "diff_ref" and r.get("diff_call"):
+        out += f" (n = {r['diff_n']}, {r['diff_call']})"
+    return out
+
+
+def human_bytes(b: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= f:
+            return f"{b / f:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def text_table(headers: list[str], rows: list[list]) -> str:
+    """Fixed-width table; a cell may hold several lines (one row then spans several terminal lines)."""
+    cells = [[str(c).split("\n") for c in r] for r in [headers] + rows]
+    w = [max(len(line) for r in cells for line in r[i]) for i in range(len(headers))]
+    out = []
+    for j, r in enumerate(cells):
+        for k in range(max(len(c) for c in r)):
+            out.append("  ".join((c[k] if k < len(c) else "").ljust(w[i]) for i, c in enumerate(r)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * x for x in w))
+    return "\n".join(out)
+
+
+def slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "x"

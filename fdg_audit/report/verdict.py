@@ -1,0 +1,93 @@
+"""The report's verdict in words, generated from the scorecard rows only (every number it prints is a cell of
+scorecard.csv), and the list of which accuracy differences between methods are real."""
+from __future__ import annotations
+
+from ..metrics.registry import info
+from . import scorecard as SC
+from .formatting import ci, num
+
+
+def clears(row: dict) -> bool:
+    """A scorecard cell whose whole 95% interval lies beyond its baseline's (above it; below for an error metric):
+    a leak measured at this budget, not a point estimate that happens to sit past the baseline."""
+    if row["harm"] == "accuracy" or row.get("reading") or row.get("control") == "failed":
+        return False
+    lo, hi, blo, bhi = (num(row.get(k)) for k in ("ci_low", "ci_high", "baseline_ci_low", "baseline_ci_high"))
+    b = num(row.get("baseline"))
+    blo, bhi = (b, b) if blo != blo else (blo, bhi)
+    return lo > bhi if info(row["metric"].split("|")[0]).higher else hi < blo
+
+
+def _cell(r: dict) -> str:
+    return f"{r['harm']} ({r['adversary']})"
+
+
+def _method(rows: list[dict], reference: str, is_ref: bool) -> str:
+    """A few sentences on one method's scorecard rows (``reference``: the label its differences are to)."""
+    leak = [r for r in rows if r["harm"] != "accuracy"]
+    above = [f"{r['harm']} against the {r['adversary']}: {info(r['metric'].split('|')[0]).label} {ci(r)} vs "
+             f"baseline {ci(r, 'baseline')} ({r['attack']} on {r['artifact']})" for r in leak if clears(r)]
+    out = ["Measured above baseline (the whole 95% interval beyond the baseline's, no control failed): "
+           + "; ".join(above) + "." if above else "No harm is measured above its baseline at these budgets."]
+    calls = {c: [r for r in leak if r["diff_call"] == c] for c in ("distinguishable", "not distinguishable")}
+    if calls["distinguishable"]:
+        out.append(f"Distinguishable from {reference} (Holm-adjusted): " + "; ".join(
+            f"{_cell(r)} Δ {ci(dict(r, diff_call=''), 'diff_ref')} (n = {r['diff_n']}, "
+            f"p = {num(r['diff_p_holm']):.3g})" for r in calls["distinguishable"]) + ".")
+    if calls["not distinguishable"]:
+        out.append(f"Not distinguishable from {reference}: "
+                   + ", ".join(map(_cell, calls["not distinguishable"])) + ".")
+    unresolved = [f"{_cell(r)}: not measurable (a control failed)" for r in leak if r["control"] == "failed"]
+    unresolved += [f"{_cell(r)}: {r['reading']}" for r in leak if r.get("reading")]
+    unresolved += [f"{_cell(r)}: its interval reaches the baseline's" for r in leak
+                   if r["control"] != "failed" and not r.get("reading") and not clears(r)]
+    unresolved += [f"{_cell(r)} against {reference}: not testable (n = {r['diff_n']} paired runs, fewer than 3)"
+                   for r in leak if r["diff_call"] == "not testable"]
+    if unresolved:
+        out.append("Not resolved: " + "; ".join(unresolved) + ".")
+    for r in (r for r in rows if r["harm"] == "accuracy"):
+        cost = f"; Δ {r['reference']} {ci(r, 'diff_ref')}" if r["diff_ref"] not in ("", None) else \
+            " (the reference)" if is_ref else ""
+        out.append(f"Held-out accuracy {ci(r)}{cost}.")
+    return " ".join(out)
+
+
+def verdict_md(res, card: list[dict]) -> list[str]:
+    """The report's first section: per dataset and method, in words, which harms are measured above baseline and
+    against which adversary, which differences to the reference method are distinguishable, what could not be
+    resolved, and the accuracy cost."""
+    ref = res.reference or "the reference"
+    md = ["", "## Verdict", "",
+          f"From the scorecard below: Δ is the paired difference to {ref} (the scenario's reference method). \"No "
+          "reconstruction at this budget\" is no evidence of safety at a larger one.", ""]
+    for ds in dict.fromkeys(r["dataset"] for r in card):
+        md += [f"### {ds}", ""] if len({r["dataset"] for r in card}) > 1 else []
+        mine = [r for r in card if r["dataset"] == ds]
+        refs = {r["reference"] for r in mine if r["reference"]}
+        for m in dict.fromkeys((r["method"], r["variant"]) for r in mine):
+            rows = [r for r in mine if (r["method"], r["variant"]) == m]
+            name = next((r["reference"] for r in rows if r["reference"]), None) or next(iter(sorted(refs)), ref)
+            md.append(f"- **{''.join(m)}**: {_method(rows, name, res.label((ds,) + m) in refs)}")
+        md.append("")
+    return md
+
+
+def differences_md(res) -> list[str]:
+    diffs = SC.accuracy_differences(res)
+    if not diffs:
+        return []
+    md = ["### Which accuracy differences are real", "",
+          "Paired by held-out target and seed: the mean over targets of the difference of held-out accuracy, its "
+          "95% Student-t interval (stratified by target) and n, the number of paired runs; p is the t-test's "
+          f"p-value Holm-adjusted over the {len(diffs)} comparisons of this report. Distinguishable: adjusted "
+          "p < 0.05; below 3 paired runs a difference is not testable.", ""]
+    for ds in dict.fromkeys(d["dataset"] for d in diffs):
+        rs = [d for d in diffs if d["dataset"] == ds]
+        say = lambda call: "; ".join(  # noqa: E731
+            f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']}, "
+            f"p = {d['p_holm']:.3g})" if call != "not testable" else f"{d['a']} − {d['b']} (n = {d['n']})"
+            for d in rs if d["call"] == call) or "none"
+        md += [f"- **{ds}**: distinguishable: {say('distinguishable')}. Not distinguishable: "
+               f"{say('not distinguishable')}." + (f" Not testable: {say('not testable')}."
+                                                  if any(d["call"] == "not testable" for d in rs) else "")]
+    return md + [""]
