@@ -21,8 +21,8 @@ fftshifted amplitude travels (shape smaller than the image): phase retrieval doe
 * ``Fingerprint`` ("amplitude_fingerprint"): psi(x) = mean-removed, L2-normalised log(1 + |FFT2(x)|), invariant to
   circular shifts and point inversion; a candidate's score is its best cosine to any of the victim's bank
   entries (one matmul). Variant "perturbed": candidates shifted by up to +-2 px (non-circular: edges repeat),
-  gain +-10 %, Gaussian noise sigma 0.02. Controls: exact copies give AUC 1 (positive); two disjoint sets of
-  images never in the bank give AUC ~ 0.5 (negative).
+  gain +-10 %, Gaussian noise sigma 0.02 (``perturb``, attacks/images.py). Controls: exact copies give AUC 1
+  (positive); two disjoint sets of images never in the bank give AUC ~ 0.5 (negative).
 * ``AttributeInference`` ("amplitude_attribute"): logistic regression on the radially averaged log-spectrum
   ("radial", orientation-free) or the whole log-amplitude ("logamp"), trained on the attacker's labelled public
   images (class; variant "public") and on its public samples of each source domain (class, variant
@@ -40,9 +40,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit import metrics as M
-from fdg_audit.api.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped, sample_victims
-from fdg_audit.errors import UserError
+from fdg_audit.api import UserError, place, rotate
+from fdg_audit.api import metrics as M
+from fdg_audit.api.attack import (Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped,
+                                  sample_victims)
+
+from .images import perturb
 
 KIND = "amplitude_bank"
 
@@ -67,6 +70,20 @@ def bank_entries(view, max_victims: int = 0) -> list[tuple[str, int, torch.Tenso
                     found.setdefault(victim, (m.round, v))
     out = [(v, r, a) for v, (r, a) in sorted(found.items())]
     return sample_victims(view, out, max_victims, key=lambda e: e[0])
+
+
+class _BankAttack(Attack):
+    """An attack on the amplitude banks, from the view ``adversary_view`` names, with its ``variants`` (where it has
+    them) checked against ``outputs``."""
+    consumes = (KIND,)
+    adversary = "client"
+
+    def __init__(self, params=None, device: str = "cpu"):
+        super().__init__(params, device)
+        self.adversary = self.p.adversary_view
+        bad = [v for v in getattr(self.p, "variants", ()) if v not in self.outputs]
+        if bad:
+            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use {', '.join(self.outputs)}")
 
 
 def amplitude(x: torch.Tensor, like: tuple | None = None) -> torch.Tensor:
@@ -151,12 +168,11 @@ def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background:
 def render_fit(amp: torch.Tensor, angles: torch.Tensor, restarts: int, keep: int, steps: list,
                gen: torch.Generator) -> torch.Tensor:
     """Phase retrieval through the rotated digits' public recipe: find z in [0, 1]^(8x8) whose rendering
-    x = rotate(place(z), angle) (fdg_audit/data/digits.py) has |FFT2(x)| closest to ``amp`` (N, H, W), by projected
+    x = rotate(place(z), angle) (fdg_audit.api) has |FFT2(x)| closest to ``amp`` (N, H, W), by projected
     Adam on ||FFT2(x)| - A|^2 / |A|^2. Stage 1 runs ``restarts`` random latents per image at a constant step,
     stage 2 continues the ``keep`` best of them with a cosine step; returns the best rendering (N, 1, H, W).
     64 unknowns against H x W / 2 measurements: the fit is overdetermined, and a zero residual is the image
     (or its point reflection, which has the same amplitude)."""
-    from fdg_audit.data.digits import place, rotate
     N, dev = len(amp), amp.device
 
     def residual(z, A, ang):
@@ -238,10 +254,7 @@ class PRParams(AttackParams):
     seed: int = 0
 
 
-VARIANTS = ("box", "support", "support_domain", "support_frame", "render")
-
-
-class PhaseRetrieval(Attack):
+class PhaseRetrieval(_BankAttack):
     """Variants: "box" (no support), "support" (mask estimated from aux.public, the held-out domain),
     "support_domain" (estimated from aux.domain_samples of the victim's own domain, i.e. same-site public
     images), "support_frame" (a known border of frame_px pixels), "render" (the rotated digits' public recipe,
@@ -261,18 +274,17 @@ class PhaseRetrieval(Attack):
     one thread, ~20 s): rot15 77.9 dB mean aligned PSNR (12 of 16 exact), another 16 at rot0/rot15/rot60:
     59.8/63.5/65.6 dB mean (half exact; the others stagnate at 25-34 dB)."""
     name = "amplitude_phase_retrieval"
-    consumes = (KIND,)
-    adversary = "client"
     aux = ("public", "domain_samples", "layout")
-    target = "reconstruction"
+    outputs = {"box": "box constraint only",
+               "support": "support mask from public images",
+               "support_domain": "support mask from same-site public images",
+               "support_frame": "known-layout frame (the upright 20x20 digit box)",
+               "render": "oracle: the dataset's public recipe (8x8 digit, bilinear to 20x20, rotated by the domain's "
+                         "angle), 64 unknowns per image; an upper bound, not what a typical attacker knows"}
     Params = PRParams
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
-        self.adversary = self.p.adversary_view
-        bad = [v for v in self.p.variants if v not in VARIANTS]
-        if bad:
-            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use {', '.join(VARIANTS)}")
         if len(self.p.render_steps) != 2 or min(self.p.render_steps) < 0:
             raise UserError(f"{self.name}.render_steps = {self.p.render_steps!r}: give two step counts, e.g. [300, 700]")
 
@@ -333,10 +345,9 @@ class PhaseRetrieval(Attack):
             rec = render_fit(amp, ang, self.p.render_restarts, self.p.render_keep, self.p.render_steps,
                              gen).split([len(j[3]) for j in renders])
             done += [(victim, rnd, rows, a, "render", r) for (victim, rnd, rows, a, _), r in zip(renders, rec)]
-        for victim, rnd, rows, a, v, r in done:
-            base = (a[..., 0, 0] / (size * size)).clamp(0, 1)[..., None, None].expand_as(a)  # DC = sum of pixels
+        for victim, rnd, rows, a, v, r in done:   # baseline: the flat image at the un-noised DC term (pixel sums)
             outs.append(Reconstruction(victim, KIND, rnd, r, truth="amp", rows=rows, aligned=True, variant=v,
-                                       baseline=base))
+                                       flat_baseline=True))
         return outs
 
     def control(self):
@@ -352,7 +363,6 @@ class PhaseRetrieval(Attack):
         out = [Control("2x zero-padded toy images, known support: median aligned PSNR", "psnr", float(ps.median()),
                        60.0)]
         if "render" in self.p.variants:    # random latents through the recipe at 15 deg: exact solutions are found
-            from fdg_audit.data.digits import place, rotate
             z = torch.rand(16, 1, 8, 8, generator=gen).to(self.device)
             x = rotate(place(z), 15.0)
             d = PRParams()      # the default budget: the control checks the algorithm, not the budget
@@ -373,22 +383,6 @@ def fingerprint(amp: torch.Tensor) -> torch.Tensor:
     return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def perturb(x: torch.Tensor, gen: torch.Generator, shift: int = 2, gain: float = 0.1, noise: float = 0.02
-            ) -> torch.Tensor:
-    """Per image: a non-circular shift by up to +-shift px (the edge rows/columns repeat, as when the crop window
-    moves over a scene), gain in [1-gain, 1+gain], Gaussian noise N(0, noise^2)."""
-    N, C, H, W = x.shape
-    dev = x.device
-    d = torch.randint(-shift, shift + 1, (2, N), generator=gen).to(dev)
-    xp = F.pad(x, (shift,) * 4, mode="replicate")
-    rows = torch.arange(H, device=dev) + shift - d[0][:, None]            # out[i] = x[i - dy]
-    cols = torch.arange(W, device=dev) + shift - d[1][:, None]
-    out = xp.gather(2, rows.view(N, 1, H, 1).expand(N, C, H, W + 2 * shift))
-    out = out.gather(3, cols.view(N, 1, 1, W).expand(N, C, H, W))
-    g = 1 + gain * (2 * torch.rand(N, 1, 1, 1, generator=gen) - 1)
-    return (out * g.to(dev) + noise * torch.randn(x.shape, generator=gen).to(dev)).clamp(0, 1)
-
-
 def best_match(cand: torch.Tensor, amp: torch.Tensor) -> torch.Tensor:
     """Score of each candidate image (M, C, H, W): its best fingerprint cosine to any bank entry (N, C, h, w)."""
     return (fingerprint(amplitude(cand, amp.shape[-2:])) @ fingerprint(amp).T).amax(1)
@@ -405,22 +399,14 @@ class FPParams(AttackParams):
     seed: int = 0
 
 
-class Fingerprint(Attack):
+class Fingerprint(_BankAttack):
     """Membership / linkage: is a candidate image in the victim's bank? Variants "exact" (candidates as held)
     and "perturbed" (the attacker holds slightly different copies)."""
     name = "amplitude_fingerprint"
-    consumes = (KIND,)
-    adversary = "client"
     aux = ("candidates",)
-    target = "membership"
+    outputs = {"exact": "exact copies of the candidates (the attacker holds the same image files)",
+               "perturbed": "perturbed copies of the candidates"}
     Params = FPParams
-
-    def __init__(self, params=None, device: str = "cpu"):
-        super().__init__(params, device)
-        self.adversary = self.p.adversary_view
-        bad = [v for v in self.p.variants if v not in ("exact", "perturbed")]
-        if bad:
-            raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use exact or perturbed")
 
     def run(self, view, aux):
         gen = torch.Generator().manual_seed(self.p.seed)
@@ -493,20 +479,22 @@ class AIParams(AttackParams):
     seed: int = 0
 
 
-class AttributeInference(Attack):
+class AttributeInference(_BankAttack):
     """Predict each bank entry's class and domain from its amplitude. Variants "<features>/<training data>":
     class from aux.public only ("public") or also from aux.domain_samples ("public+domain_samples"); domain
     from aux.domain_samples (labels in aux.domains order)."""
     name = "amplitude_attribute"
-    consumes = (KIND,)
-    adversary = "client"
     aux = ("public", "domain_samples")
-    target = "attribute"
+    outputs = {   # variants are "<features>/<training data>": one entry per part
+        "radial": "features: the radially averaged log-spectrum (orientation-free)",
+        "logamp": "features: the whole log-amplitude",
+        "public": "classifier trained on public images of the held-out domain only (not the victim's domain)",
+        "public+domain_samples": "classifier trained on public images of the held-out and of every source domain",
+        "domain_samples": "classifier trained on public samples of every source domain"}
     Params = AIParams
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
-        self.adversary = self.p.adversary_view
         bad = [f for f in self.p.features if f not in ("radial", "logamp")] + \
             [a for a in self.p.attributes if a not in ("class", "domain")]
         if bad:

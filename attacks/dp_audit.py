@@ -56,17 +56,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fdg_audit.api import seeding
 from fdg_audit.api.attack import Attack, AttackParams, Audit, Control, Skipped
-from fdg_audit.privacy import ArtifactMechanism, ClientDP, epsilon, new_accountant
-from fdg_audit.privacy.artifacts import GaussianRows
-from fdg_audit.privacy.audit import one_run_bound
-from fdg_audit.privacy.canaries import canary_images
-from fdg_audit.privacy.client_dp import UPDATE_KINDS, ClientDPFilter, canary_coins, update_canaries
+from fdg_audit.api.method import Payload, TrainParams
+from fdg_audit.api.privacy import (UPDATE_KINDS, ArtifactMechanism, AuditConfig, ClientDP, ClientDPFilter,
+                                   GaussianRows, PrivacyConfig, canary_coins, canary_images, dp_fit, epsilon,
+                                   gradient_canary_coordinates, new_accountant, one_run_bound, update_canaries)
 
 KIND = "amplitude_bank"
 
@@ -98,12 +99,28 @@ def slot_scores(bank: torch.Tensor, canary_amp: torch.Tensor) -> np.ndarray:
     return (rows * F.normalize(canary_amp.double().flatten(1), dim=1)).sum(1).numpy()
 
 
+def audit_controls(synthetic, positive: str, noisy: str) -> list[Control]:
+    """The three controls of an audit from ``synthetic(sigma, insert) -> (scores, canary truth, accountant eps)`` on
+    data it builds: canaries without noise certify eps_lb >= 1 (``positive`` names the setting), no canary inserted
+    certifies eps_lb = 0, noise multiplier 1 (``noisy``) certifies no more than the accountant's eps."""
+    pos = one_run_bound(*synthetic(0.0, True)[:2], 1e-5)
+    neg = one_run_bound(*synthetic(0.0, False)[:2], 1e-5)
+    s, member, eps = synthetic(1.0, True)
+    return [Control(positive, "eps_lb_one_run", pos, 1.0),
+            Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
+            Control(f"{noisy}: eps_lb <= accountant eps", "eps_lb_one_run", one_run_bound(s, member, 1e-5), eps,
+                    positive=False)]
+
+
 class ArtifactAudit(Attack):
     name = "dp_audit_artifact"
     consumes = (KIND,)
     adversary = "server"
     aux = ()
-    target = "dp_audit"
+    outputs = {"max": "regenerates the canaries from the public seed; the best cosine of a canary's spectrum to any "
+                      "bank row (DC removed): what any holder of the bank can compute",
+               "slot": "white-box: regenerates the canaries from the public seed and knows they fill the bank's last "
+                       "m rows (the whole training split, in order, with null records for absent canaries)"}
     Params = Params
 
     def run(self, view, aux):
@@ -121,13 +138,14 @@ class ArtifactAudit(Attack):
                 continue
             ev = next((e for e in m.env.filters if e.get("mechanism") == "gaussian_rows"), None)
             eps, delta = (float(ev["epsilon"]), float(ev["delta"])) if ev else (math.inf, p.delta)
-            outs.append(Audit(m.sender, KIND, m.round, max_scores(bank, amp), delta, eps, variant="max"))
-            outs.append(Audit(m.sender, KIND, m.round, slot_scores(bank, amp), delta, eps, variant="slot"))
+            for variant, scores in (("max", max_scores(bank, amp)), ("slot", slot_scores(bank, amp))):
+                outs.append(Audit(m.sender, KIND, m.round, scores, delta, eps, variant=variant, independent=True))
         return outs
 
     @staticmethod
-    def _synthetic(m: int, insert: bool, sigma: float, seed: int = 0):
-        """A filtered synthetic bank (100 smooth random images + m canary slots) and the slots' truth."""
+    def _synthetic(sigma: float, insert: bool, m: int = 64, seed: int = 0):
+        """A filtered synthetic bank (100 smooth random images + m canary slots): its scores (the ``max`` statistic
+        without noise, ``slot`` with), the slots' truth and the accountant's epsilon."""
         g = torch.Generator().manual_seed(seed)
         x = F.avg_pool2d(torch.rand(100, 1, 28, 28, generator=g), 5, 1, 2)
         member = torch.rand(m, generator=g) < 0.5
@@ -136,19 +154,10 @@ class ArtifactAudit(Attack):
         f = GaussianRows(KIND, ArtifactMechanism(clip=100.0, noise_multiplier=sigma), 1e-5, "rdp")
         out, _, ev = f(KIND, {"amp": bank}, {}, {"run": "control", "round": 0, "sender": "c"})
         amp = torch.fft.fft2(canary_images(m, 1, 28, seed).double()).abs()
-        return out["amp"], amp, member.numpy(), ev["epsilon"]
+        return (slot_scores if sigma else max_scores)(out["amp"], amp), member.numpy(), ev["epsilon"]
 
     def control(self):
-        m = 64
-        bank, amp, member, _ = self._synthetic(m, True, 0.0)
-        pos = one_run_bound(max_scores(bank, amp), member, 1e-5)
-        bank, amp, member, _ = self._synthetic(m, False, 0.0)
-        neg = one_run_bound(max_scores(bank, amp), member, 1e-5)
-        bank, amp, member, eps = self._synthetic(m, True, 1.0)
-        noisy = one_run_bound(slot_scores(bank, amp), member, 1e-5)
-        return [Control("canaries in a clean bank (max statistic)", "eps_lb_one_run", pos, 1.0),
-                Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
-                Control("noise multiplier 1: eps_lb <= accountant eps", "eps_lb_one_run", noisy, eps, positive=False)]
+        return audit_controls(self._synthetic, "canaries in a clean bank (max statistic)", "noise multiplier 1")
 
 
 # ------------------------------------------------------------------------------------------- model updates
@@ -207,125 +216,108 @@ class CanaryParams(AttackParams):
     delta: float = 1e-5           # used only where the uploads carry no accounting event
 
 
-class UpdateAudit(Attack):
-    name = "dp_audit_client"
-    consumes = tuple(UPDATE_KINDS)
+class _CanaryAudit(Attack):
+    """An audit of the canaries in the uploads of each client: the releases of ``consumes`` whose ``mechanism`` event
+    records ``flag`` (``_updates``), scored by ``audit``; its controls come from ``_synthetic`` (``audit_controls``)."""
     adversary = "server"
     aux = ()
-    target = "dp_audit"
     Params = CanaryParams
+    mechanism = flag = ""
+    controls = ("", "")           # (the positive control's setting, the noisy control's setting)
 
     def run(self, view, aux):
-        p, outs = self.p, []
-        for victim in view.clients:
-            ups = _updates(view, victim, UPDATE_KINDS, "client_dp", "update_canaries")
-            if not ups:
-                continue
-            m, _ = ups[-1]
-            ev = next(e for e in m.env.filters if e.get("mechanism") == "client_dp")
-            central = ev["mode"] == "central"
-            flats = _aggregate_steps(view, victim, ups) if central else \
-                [torch.cat([v.flatten() for v in upd.values()]) for _, upd in ups]
-            if not flats:
-                outs.append(Skipped(victim, m.kind, m.round, "central mode: no broadcast after the audited releases "
-                                    "(the aggregate of the last round is never sent; run at least 2 rounds)"))
-                continue
-            scores = sum((update_canaries(p.canaries, len(f), p.canary_seed) @ f).numpy() for f in flats)
-            outs.append(Audit(victim, m.kind, m.round, scores, float(ev["delta"]), float(ev["epsilon"]),
-                              truth="update_canaries", variant="aggregate" if central else "sum"))
-        return outs
+        ups = {v: _updates(view, v, self.consumes, self.mechanism, self.flag) for v in view.clients}
+        return [self.audit(view, v, u) for v, u in ups.items() if u]
+
+    def audit(self, view, victim: str, ups: list):
+        raise NotImplementedError
+
+    def control(self):
+        return audit_controls(self._synthetic, *self.controls)
+
+
+class UpdateAudit(_CanaryAudit):
+    name = "dp_audit_client"
+    consumes = tuple(UPDATE_KINDS)
+    mechanism, flag = "client_dp", "update_canaries"
+    controls = ("canary clients, no noise", "noise multiplier 1, 3 releases")
+    outputs = {"sum": "the server knows what it sent each client: sum over the client's releases of each update's "
+                      "inner product with the public canary directions",
+               "aggregate": "central mode: the change of the broadcast global model (what the central epsilon "
+                            "covers), one audited client per run"}
+
+    def audit(self, view, victim, ups):
+        m, _ = ups[-1]
+        ev = next(e for e in m.env.filters if e.get("mechanism") == "client_dp")
+        central = ev["mode"] == "central"
+        flats = _aggregate_steps(view, victim, ups) if central else \
+            [torch.cat([v.flatten() for v in upd.values()]) for _, upd in ups]
+        if not flats:
+            return Skipped(victim, m.kind, m.round, "central mode: no broadcast after the audited releases (the "
+                           "aggregate of the last round is never sent; run at least 2 rounds)")
+        scores = sum((update_canaries(self.p.canaries, len(f), self.p.canary_seed) @ f).numpy() for f in flats)
+        return Audit(victim, m.kind, m.round, scores, float(ev["delta"]), float(ev["epsilon"]),
+                     truth="update_canaries", variant="aggregate" if central else "sum")
 
     @staticmethod
-    def _synthetic(m: int, sigma: float, insert: bool, releases: int = 1):
-        from fdg_audit.privacy import AuditConfig
+    def _synthetic(sigma: float, insert: bool, m: int = 128):
+        """The filter on a synthetic 2,000-coordinate update, 1 release without noise and 3 with: the canary
+        scores, the coins and the accountant's epsilon."""
         c = ClientDP(clip=1.0, noise_multiplier=sigma, clients=3)
         f = ClientDPFilter(c, 1e-5, "rdp", AuditConfig(update_canaries=m if insert else 0, seed=0))
         g = torch.Generator().manual_seed(0)
         scores, ev = np.zeros(m), None
-        for t in range(releases):
+        for t in range(3 if sigma else 1):
             ref = torch.randn(2000, generator=g, dtype=torch.float64)
             upd = torch.randn(2000, generator=g, dtype=torch.float64)
+            if hasattr(f, "request"):          # the bus's Mod hook: what the client received (older cores: "received")
+                f.request("c", Payload(arrays={"w": ref}))
             out, _, ev = f("weights", {"w": ref + upd}, {}, {"run": "control", "round": t + 1, "sender": "c",
                                                            "received": {"w": ref}})
             scores += (update_canaries(m, 2000, 0) @ (out["w"] - ref)).numpy()
         return scores, canary_coins("control", "c", m, 0), ev["epsilon"]
 
-    def control(self):
-        m = 128
-        pos = one_run_bound(*self._synthetic(m, 0.0, True)[:2], 1e-5)
-        neg = one_run_bound(*self._synthetic(m, 0.0, False)[:2], 1e-5)
-        s, member, eps = self._synthetic(m, 1.0, True, releases=3)
-        return [Control("canary clients, no noise", "eps_lb_one_run", pos, 1.0),
-                Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
-                Control("noise multiplier 1, 3 releases: eps_lb <= accountant eps", "eps_lb_one_run",
-                        one_run_bound(s, member, 1e-5), eps, positive=False)]
-
 
 # ------------------------------------------------------------------------------------------- DP-SGD
 
-class DPSGDAudit(Attack):
+class DPSGDAudit(_CanaryAudit):
     name = "dp_audit_dpsgd"
     consumes = ("weights",)
-    adversary = "server"
-    aux = ()
-    target = "dp_audit"
-    Params = CanaryParams
+    mechanism, flag = "dp_sgd", "gradient_canaries"
+    controls = ("Dirac canaries, no noise", "noise multiplier 1")
+    outputs = {"dirac": "white-box Dirac gradient canaries at public parameter coordinates: how far the client's "
+                        "uploads moved each canary's coordinate against it"}
 
-    def run(self, view, aux):
-        from fdg_audit.privacy.dpsgd import gradient_canary_coordinates
-        p, outs = self.p, []
-        for victim in view.clients:
-            ups = _updates(view, victim, ("weights",), "dp_sgd", "gradient_canaries")
-            if not ups:
-                continue
-            names = [k for k, _ in view.new_model().named_parameters()]   # trainable parameters, in order
-            scores = np.zeros(p.canaries)
-            for _, upd in ups:
-                if not all(k in upd for k in names):
-                    break
-                flat = torch.cat([upd[k].flatten() for k in names])
-                scores -= flat[torch.as_tensor(gradient_canary_coordinates(p.canaries, len(flat), p.canary_seed))
-                               ].numpy()       # descent moves a canary's coordinate against its gradient (+C)
-            else:
-                m = ups[-1][0]
-                ev = next(e for e in m.env.filters if e.get("mechanism") == "dp_sgd")
-                outs.append(Audit(victim, "weights", m.round, scores, float(ev["delta"]),
-                                  _example_epsilon(m.env.filters, p.delta), truth="gradient_canaries",
-                                  variant="dirac"))
-                continue
-            outs.append(Skipped(victim, "weights", ups[-1][0].round, "the uploads are not full parameter states"))
-        return outs
+    def audit(self, view, victim, ups):
+        names = [k for k, _ in view.new_model().named_parameters()]   # trainable parameters, in order
+        m = ups[-1][0]
+        if not all(k in upd for _, upd in ups for k in names):
+            return Skipped(victim, "weights", m.round, "the uploads are not full parameter states")
+        scores = np.zeros(self.p.canaries)
+        for _, upd in ups:
+            flat = torch.cat([upd[k].flatten() for k in names])
+            coords = gradient_canary_coordinates(self.p.canaries, len(flat), self.p.canary_seed)
+            scores -= flat[torch.as_tensor(coords)].numpy()   # descent moves a canary's coordinate against its gradient
+        ev = next(e for e in m.env.filters if e.get("mechanism") == "dp_sgd")
+        return Audit(victim, "weights", m.round, scores, float(ev["delta"]),
+                     _example_epsilon(m.env.filters, self.p.delta), truth="gradient_canaries", variant="dirac")
 
     @staticmethod
-    def _synthetic(m: int, sigma: float, insert: bool, seed: int = 0):
+    def _synthetic(sigma: float, insert: bool, m: int = 40, seed: int = 0):
         """DP-SGD (Opacus) on a linear model, 100 random examples, m Dirac canaries, 20 steps; the scores."""
-        from types import SimpleNamespace
-
-        from fdg_audit.params import TrainParams
-        from fdg_audit.privacy import AuditConfig, PrivacyConfig
-        from fdg_audit.privacy.dpsgd import dp_fit
         g = torch.Generator().manual_seed(seed)
         x, y = torch.rand(100, 500, generator=g) - 0.5, torch.randint(0, 4, (100,), generator=g)
         net = torch.nn.Linear(500, 4)
         cfg = PrivacyConfig(dp_sgd=True, noise_multiplier=sigma, accountant="rdp",
                             audit=AuditConfig(gradient_canaries=m if insert else 0, seed=seed))
-        client = SimpleNamespace(privacy=cfg, params=TrainParams(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=25),
-                                 train=SimpleNamespace(x=x, y=y), dp_state=None, gen=g, events=[], id="c",
-                                 _seq=np.random.SeedSequence(seed), _party=1, record_truth=lambda *a, **k: None)
+        tp = TrainParams(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=25)
+        client = SimpleNamespace(privacy=cfg, params=tp, train=SimpleNamespace(x=x, y=y), dp_state=None, gen=g,
+                                 events=[], id="c", stream=lambda *k: seeding.rng(seed, *k),
+                                 record_truth=lambda *a, **k: None,
+                                 _seq=np.random.SeedSequence(seed), _party=1)   # _seq, _party: for a core without stream()
         before = torch.cat([q.detach().flatten() for q in net.parameters()])
         dp_fit(client, net, steps=20)
         after = torch.cat([q.detach().flatten() for q in net.parameters()])
-        from fdg_audit.privacy.dpsgd import gradient_canary_coordinates
         coords = gradient_canary_coordinates(m, len(before), seed)
-        member = client.dp_state.canaries[1] if insert else np.random.default_rng(seed).random(m) < 0.5
+        member = client.dp_state.canaries[1] if insert else seeding.rng(seed).random(m) < 0.5
         return (before - after)[coords].numpy(), member, client.events[-1]["epsilon"]
-
-    def control(self):
-        m = 40
-        pos = one_run_bound(*self._synthetic(m, 0.0, True)[:2], 1e-5)
-        neg = one_run_bound(*self._synthetic(m, 0.0, False)[:2], 1e-5)
-        s, member, eps = self._synthetic(m, 1.0, True)
-        return [Control("Dirac canaries, no noise", "eps_lb_one_run", pos, 1.0),
-                Control("no canary inserted", "eps_lb_one_run", neg, 0.0, positive=False),
-                Control("noise multiplier 1: eps_lb <= accountant eps", "eps_lb_one_run",
-                        one_run_bound(s, member, 1e-5), eps, positive=False)]

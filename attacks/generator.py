@@ -38,11 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit import metrics as M
-from fdg_audit.api.attack import Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate, sample_victims
-from fdg_audit.data import Split
-from fdg_audit.errors import UserError
-from fdg_audit.plugins import load_method
+from fdg_audit.api import Split, UserError, load_method, seeding
+from fdg_audit.api import metrics as M
+from fdg_audit.api.attack import (Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate,
+                                  sample_victims)
 
 
 @dataclass
@@ -126,7 +125,11 @@ class GeneratorLeakage(Attack):
     consumes = ("generator",)
     adversary = "server"
     aux = ("public", "domain_samples")
-    target = "attribute"
+    outputs = {"update": "the change of each uploaded generator against public samples of each source domain "
+                         "through the broadcast feature extractor, signed by the direction the protocol's (public) "
+                         "generator objective moves it",
+               "decoded_generator": "a decoder the attacker trained on its public images through the broadcast feature "
+                                    "extractor, applied to samples of the victim's uploaded generator"}
     Params = Params
 
     def sign(self, view) -> float:
@@ -173,7 +176,8 @@ class GeneratorLeakage(Attack):
                 continue
             gks = {c: proto.Generator.from_arrays(ups[c][t].payload.arrays, k) for c in cs}
             g0 = proto.Generator.from_arrays(sent[t].payload.arrays, k)
-            pred = self.infer(view.model(weights[t].payload.arrays), g0, gks, aux, s, code, self.p.seed + t)
+            pred = self.infer(view.model(weights[t].payload.arrays), g0, gks, aux, s, code,
+                              seeding.seed_int(self.p.seed, t))
             for v in victims:
                 if v in pred:
                     out[v].append((t, pred[v]))
@@ -232,7 +236,7 @@ class GeneratorLeakage(Attack):
         neg_pred, neg_true = [], []
         for i in range(10):
             noisy = {c: _perturbed(g0, g, gen) for c, g in fitted.items()}
-            pred = self.infer(model, g0, noisy, aux, 1.0, code, self.p.seed + i)
+            pred = self.infer(model, g0, noisy, aux, 1.0, code, seeding.seed_int(self.p.seed, i))
             neg_pred += [pred[c] for c in clients]
             neg_true += true
         # decoder: trained on half of one client's images through F, judged on the other half
@@ -281,8 +285,7 @@ def control_world(device: str = "cpu"):
     """A 3-round FedADG federation (official loss weights and G objective: the paper's collapse the features on
     digits at this lr) on appearance digits: clients grey, inverted and texture, public = colour, 40
     domain samples per client domain (from its validation split). Returns (view, aux, clients' (train, val))."""
-    from fdg_audit.data import DataConfig, load_data
-    from fdg_audit.models import ModelConfig
+    from fdg_audit.api import DataConfig, ModelConfig, load_data
     data = load_data(DataConfig(dataset="digits", family="appearance", domains=["grey", "inverted", "texture", "colour"]))
     *sources, pub = data.domains
     clients = {d.name: (d.train, d.val) for d in sources}

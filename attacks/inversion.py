@@ -55,7 +55,6 @@ mismatch an attacker who knows the method would remove; adding the method's loss
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,8 +62,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+from fdg_audit.api import UserError, seeding
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Reconstruction, Skipped, sample_victims
-from fdg_audit.errors import UserError
+
+from .images import total_variation
+from .labels import round_to_total
 
 
 @dataclass
@@ -192,10 +194,6 @@ def cosine_loss(sim: dict, obs: dict) -> torch.Tensor:
     return 1 - dot / (ns.sqrt() * no.sqrt()).clamp_min(1e-30)
 
 
-def total_variation(x: torch.Tensor) -> torch.Tensor:
-    return (x[..., 1:, :] - x[..., :-1, :]).abs().mean() + (x[..., :, 1:] - x[..., :, :-1]).abs().mean()
-
-
 # --------------------------------------------------------------------------------- labels
 
 def grad_sum(delta: torch.Tensor, theta: torch.Tensor, pr: Protocol, steps: list[int]) -> torch.Tensor:
@@ -208,14 +206,6 @@ def grad_sum(delta: torch.Tensor, theta: torch.Tensor, pr: Protocol, steps: list
     return -delta / (pr.lr * float(np.mean(cs))) - len(cs) * pr.weight_decay * theta
 
 
-def largest_remainder(x: np.ndarray, total: int) -> np.ndarray:
-    x = np.clip(np.nan_to_num(np.asarray(x, dtype=np.float64)), 0, None)
-    x = x * total / x.sum() if x.sum() > 0 else np.full(len(x), total / len(x))
-    c = np.floor(x).astype(np.int64)
-    c[np.argsort(-(x - c), kind="stable")[:total - c.sum()]] += 1
-    return c
-
-
 def recover_labels(gw: torch.Tensor, gb: torch.Tensor, p_mean: torch.Tensor, visits: int, n_steps: int
                    ) -> np.ndarray:
     """Label counts (per class, summing to ``visits``) from the summed last-layer gradients ``gw`` (K, D) and
@@ -225,7 +215,7 @@ def recover_labels(gw: torch.Tensor, gb: torch.Tensor, p_mean: torch.Tensor, vis
     if visits == 1:
         return np.bincount([int(gw.sum(1).argmin())], minlength=k)
     est = visits / n_steps * (n_steps * p_mean - gb)
-    return largest_remainder(est.detach().cpu().numpy(), visits)
+    return round_to_total(est.detach().cpu().numpy(), visits)
 
 
 @torch.no_grad()
@@ -252,8 +242,8 @@ def invert(net, params: dict, obs: dict, y: torch.Tensor, parties: list[list[tor
         if bn is not None and obs_bn:
             sim, run = simulate(net, params, x, y, parties, pr, bn)
             bn_term = sum((run[k] - v).pow(2).sum() / v.pow(2).sum().clamp_min(1e-12) for k, v in obs_bn.items())
-            return cosine_loss(sim, obs) + p.tv * total_variation(x) + p.bn_prior * bn_term
-        return cosine_loss(simulate(net, params, x, y, parties, pr), obs) + p.tv * total_variation(x)
+            return cosine_loss(sim, obs) + p.tv * total_variation(x).mean() + p.bn_prior * bn_term
+        return cosine_loss(simulate(net, params, x, y, parties, pr), obs) + p.tv * total_variation(x).mean()
 
     f = vmap(objective)
     opt = torch.optim.Adam([z], lr=p.lr)
@@ -292,7 +282,13 @@ class UpdateInversion(Attack):
     consumes = ("weights",)
     adversary = "server"
     aux = ("public",)             # only to estimate n_k (update-norm calibration) when no n_samples was sent
-    target = "reconstruction"
+    outputs = {"": "the public protocol (optimizer, lr, batch size, local steps) and the n_k the client sent (a "
+                   "curious client: equal weights, the others hold as many images as it does); labels read off the "
+                   "last layer; local training simulated as plain cross-entropy SGD/Adam",
+               "n_estimated": "as the main output, with n_k estimated from the update norm against the attacker's "
+                              "own training on public images",
+               "n_assumed": "as the main output, with n_k assumed to be one batch (the upload is noised, so its norm "
+                            "says nothing about n_k)"}
     Params = Params
 
     def __init__(self, params=None, device: str = "cpu"):
@@ -307,7 +303,7 @@ class UpdateInversion(Attack):
         self.adversary = self.p.adversary_view
 
     def _gen(self, *keys) -> torch.Generator:
-        return torch.Generator().manual_seed(zlib.crc32(repr((self.p.seed, *keys)).encode()))
+        return seeding.torch_gen(self.p.seed, *keys)
 
     def _prepare(self, view, theta: dict):
         """The attacker's model at θ^t, its trainable parameters (dict) and BN hooks (with ``bn_prior``)."""
@@ -342,7 +338,7 @@ class UpdateInversion(Attack):
                            for k in params}]
         pbar = mean_softmax(net, states, shape, self.p.probes, gen, self.device)
         counts = recover_labels(gw, gb, pbar, visits, sum(steps))
-        labels = np.repeat(np.arange(len(counts)), largest_remainder(counts, m))
+        labels = np.repeat(np.arange(len(counts)), round_to_total(counts, m))
         labels = labels[torch.randperm(m, generator=gen).numpy()]
         y = torch.as_tensor(labels, device=self.device)
         x, _ = invert(net, params, obs, y, parties, pr, shape, self.p, gen, bn,
@@ -421,10 +417,9 @@ class UpdateInversion(Attack):
         """Positive: one embedded digit, FedSGD batch 1 on cnn_small (GroupNorm) → PSNR ≥ 20 dB and the iDLG
         label right. Negative: a pure-noise "update" (no image behind it) must not produce an image within
         20 dB of any of the candidate digits (the prior alone does not reconstruct)."""
-        from fdg_audit import metrics as M
-        from fdg_audit.data import DataConfig, load_data
-        from fdg_audit.federation import TrainParams, make_optimizer
-        from fdg_audit.models import ModelConfig, build_model
+        from fdg_audit.api import DataConfig, ModelConfig, build_model, load_data
+        from fdg_audit.api import metrics as M
+        from fdg_audit.api.method import TrainParams, make_optimizer
 
         dev = self.device
         d = load_data(DataConfig(dataset="digits", domains=["rot0"], per_domain=60)).domains[0].train

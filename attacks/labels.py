@@ -34,21 +34,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit import metrics as M
+from fdg_audit.api import ModelConfig, build_model
+from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Skipped, sample_victims
 
-from .stats import augmentation_factor, estimate_size, weight_rounds, weights_pair
+from .stats import SIZE_WORDS, augmentation_factor, estimate_size, weight_rounds, weights_pair
 
 BIAS = "head.bias"
 
 
 def round_to_total(v: np.ndarray, n: int) -> np.ndarray:
-    """Clip at 0, rescale to sum n, round by largest remainders (an integer count vector summing to n)."""
-    v = np.clip(np.asarray(v, dtype=np.float64), 0, None)
+    """Clip at 0 (nan as 0), rescale to sum n (uniform when nothing is left), round by largest remainders (ties to
+    the lower index): an integer count vector summing to n."""
+    v = np.clip(np.nan_to_num(np.asarray(v, dtype=np.float64)), 0, None)
     v = v * (n / v.sum()) if v.sum() > 0 else np.full(len(v), n / len(v))
-    out = np.floor(v)
-    rest = int(round(n - out.sum()))
-    out[np.argsort(-(v - out), kind="stable")[:rest]] += 1
+    out = np.floor(v).astype(np.int64)
+    out[np.argsort(-(v - out), kind="stable")[:int(n) - out.sum()]] += 1
     return out
 
 
@@ -81,7 +82,8 @@ class LabelDistribution(Attack):
     consumes = ("weights",)
     adversary = "server"
     aux = ("public",)
-    target = "label_dist"
+    outputs = {k: "the last-layer bias update under the protocol's public optimizer settings, calibrated with the "
+                  f"model's mean softmax on public images; data size: {w}" for k, w in SIZE_WORDS.items()}
     Params = LabelParams
 
     def run(self, view, aux):
@@ -113,7 +115,6 @@ class LabelDistribution(Attack):
         return outs
 
     def control(self):
-        from fdg_audit.models import ModelConfig, build_model
         gen = torch.Generator().manual_seed(self.p.seed)
         torch.manual_seed(self.p.seed)
         true = np.array([9, 0, 4, 0, 1, 0, 0, 12, 0, 6])

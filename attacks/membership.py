@@ -55,10 +55,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit import metrics as M
+from fdg_audit.api import Split, UserError, seeding
+from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Aux, Control, Scores, Skipped, federate, sample_victims
-from fdg_audit.data import Split
-from fdg_audit.errors import UserError
 
 TARGETS = ("local", "global")
 
@@ -218,7 +217,7 @@ def references(view, aux: Aux, p: RefParams, victims: list[str], online: bool) -
     """Train ``p.refs`` reference federations of the observed protocol on the attacker's data (module docstring)."""
     if aux.public is None or len(aux.public) < 4:
         raise UserError("reference models need aux.public (the attacker's labelled images of the held-out domain)")
-    rng = np.random.default_rng([p.seed, 7])
+    rng = seeding.rng(p.seed, 7)
     # private ids: the attacker tracks which of its own images each reference trained on
     perm = rng.permutation(len(aux.public))
     n_pop = min(p.population, len(aux.public) // 3)
@@ -275,7 +274,6 @@ class _Membership(Attack):
     consumes = ("weights",)
     adversary = "server"
     aux = ("candidates",)
-    target = "membership"
     Params = TargetParams
     main = ""                     # the variant the controls judge
 
@@ -308,11 +306,17 @@ class _Membership(Attack):
                         M.auc(scores[member == 0], out), 0.65, positive=False)]
 
 
+REFS = "reference federations of the observed protocol trained on the attacker's public images (another domain or " \
+    "far fewer images than the victim's: mismatched by construction)"
+
+
 class LossAttack(_Membership):
     """Loss threshold (M1) and, with references, the calibrated loss."""
     name = "mia_loss"
     aux = ("candidates", "public", "domain_samples")
     main = "loss"
+    outputs = {"loss": "the candidate's loss under the target model; no reference models",
+               "calibrated": f"the loss minus its mean under {REFS} that did not train on the candidate"}
 
     @dataclass
     class Params(RefParams):
@@ -333,19 +337,25 @@ class LossAttack(_Membership):
         return outs
 
 
-class LiRA(_Membership):
+class _Referenced(_Membership):
+    """An attack with reference federations, offline or ``online`` (its main output)."""
+    aux = ("candidates", "public", "domain_samples")
+
+    @property
+    def main(self):
+        return "online" if self.p.online else "offline"
+
+
+class LiRA(_Referenced):
     """Likelihood-ratio attack with reference federations (M2)."""
     name = "mia_lira"
-    aux = ("candidates", "public", "domain_samples")
+    outputs = {"offline": f"a Gaussian fit of the candidate's logit-scaled confidence under {REFS}, none trained on it",
+               "online": f"Gaussians fitted IN and OUT under {REFS}, half of them trained on each candidate"}
 
     @dataclass
     class Params(RefParams):
         refs: int = 4
         fixed_variance: bool = True
-
-    @property
-    def main(self):
-        return "online" if self.p.online else "offline"
 
     def attack(self, view, aux, targets):
         refs = references(view, aux, self.p, [v for v, _ in targets], self.p.online)
@@ -361,20 +371,19 @@ class LiRA(_Membership):
         return outs
 
 
-class RMIA(_Membership):
+class RMIA(_Referenced):
     """Relative membership inference with a few reference federations (M3)."""
     name = "mia_rmia"
-    aux = ("candidates", "public", "domain_samples")
+    outputs = {"offline": f"likelihood ratios against population images never trained on, Pr(x) from {REFS} that "
+                          "did not train on the candidate (coefficient a tuned on them)",
+               "online": f"likelihood ratios against population images never trained on, Pr(x) from {REFS}, half of "
+                         "them trained on each candidate"}
 
     @dataclass
     class Params(RefParams):
         a: float = -1.0           # offline Pr(x) coefficient; < 0 = tuned on the references (needs refs >= 2)
         gamma: float = 2.0
         temperature: float = 2.0
-
-    @property
-    def main(self):
-        return "online" if self.p.online else "offline"
 
     def tune_a(self, view, refs: References, v: str) -> float:
         """Privacy Meter's tune_offline_a: attack reference 0 with the others; keep the a of the best AUC."""
@@ -415,6 +424,9 @@ class Trajectory(_Membership):
     """Loss trajectory over the victim's logged rounds (M4); no reference models."""
     name = "mia_trajectory"
     main = "slope"
+    outputs = {"slope": "minus the slope of the candidate's loss over the target's logged rounds; no reference models",
+               "last": "the candidate's loss under the last logged target model; no reference models",
+               "mean": "the candidate's mean loss over the logged rounds; no reference models"}
 
     @dataclass
     class Params(TargetParams):
@@ -443,9 +455,7 @@ def control_world(device: str = "cpu"):
     audits: points a model can only fit by memorising them). Candidates per victim: its 30 canaries and 90 images
     of its domain it never saw, also with a random wrong label. Returns (view, aux, members, fake): ``fake`` is a
     random member/non-member labelling (half each) of the non-members, for the negative control."""
-    from fdg_audit.data import DataConfig, load_data
-    from fdg_audit.models import ModelConfig
-    from fdg_audit.plugins import load_method
+    from fdg_audit.api import DataConfig, ModelConfig, load_data, load_method
     data = load_data(DataConfig(dataset="digits", domains=["rot0", "rot30", "rot60"]))
     k, rng = data.num_classes, np.random.default_rng(0)
     *sources, pub = data.domains

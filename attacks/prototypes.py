@@ -31,11 +31,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit import metrics as M
+from fdg_audit.api import Net
+from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Reconstruction, sample_victims
-from fdg_audit.models import Net
 
-from .style import total_variation
+from .images import total_variation
 
 KIND = "prototypes"
 
@@ -115,7 +115,9 @@ class PrototypeInversion(Attack):
     consumes = (KIND,)
     adversary = "server"
     aux = ("public",)
-    target = "reconstruction"
+    # one variant per class c ("c0", "c1", ...): the number of classes is the run's, so the entry names the pattern
+    outputs = {"c<class>": "pixels optimised from the public mean image of the class until the feature extractor (the "
+                           "client's uploaded model, or the broadcast one) maps them onto the class's prototype"}
     Params = InversionParams
 
     def run(self, view, aux):
@@ -163,7 +165,8 @@ class ClassPresence(Attack):
     consumes = (KIND,)
     adversary = "server"
     aux = ()
-    target = "label_dist"
+    outputs = {"": "reads the classes off the rows of the prototype message; the counts split the n_k the client sent "
+                   "evenly over them (1 each if it sent none)"}
     Params = PresenceParams
 
     @staticmethod

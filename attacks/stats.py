@@ -30,9 +30,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit import metrics as M
+from fdg_audit.api import ModelConfig, build_model
+from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped, sample_victims
-from fdg_audit.federation import TrainParams, make_optimizer
+from fdg_audit.api.method import TrainParams, make_optimizer
 
 STAT_KEYS = ("running_mean", "running_var")
 
@@ -95,7 +96,8 @@ class NormStatsDomain(Attack):
     consumes = ("weights",)
     adversary = "server"
     aux = ("domain_samples",)
-    target = "attribute"
+    outputs = {"": "the BatchNorm running statistics in the upload, against shadow batches of public samples of each "
+                   "source domain through the broadcast model"}
     Params = NormStatsParams
 
     @staticmethod
@@ -126,7 +128,6 @@ class NormStatsDomain(Attack):
 
     def control(self):
         """Three synthetic colour domains; a client trains one epoch from a shared BN model; its domain is found."""
-        from fdg_audit.models import ModelConfig, build_model
         gen = torch.Generator().manual_seed(self.p.seed)
         torch.manual_seed(self.p.seed)
         model = build_model(ModelConfig(arch="cnn_small", norm="batch"), 3, 4, 16).to(self.device)
@@ -163,6 +164,14 @@ def augmentation_factor(view) -> int:
 def _flat(arrays: dict) -> torch.Tensor:
     return torch.cat([v.double().flatten() for k, v in arrays.items() if v.is_floating_point() and
                       k.rsplit(".", 1)[-1] not in STAT_KEYS])
+
+
+# how ``estimate_size`` found n_k, by the variant it names
+SIZE_WORDS = {"sent": "reads the value the client sent",
+              "bn_steps": "n_k from BatchNorm's step counter in the upload and the public epochs and batch size "
+                          "(within one batch)",
+              "update_norm": "n_k from the update norm against the attacker's own training of the broadcast model on "
+                             "public images (its gradient scale stands in for the client's)"}
 
 
 @dataclass
@@ -226,7 +235,7 @@ class DatasetSize(Attack):
     consumes = ("n_samples", "weights")
     adversary = "server"
     aux = ("public",)
-    target = "dataset_size"
+    outputs = SIZE_WORDS
     Params = SizeParams
 
     def run(self, view, aux):

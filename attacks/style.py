@@ -13,8 +13,8 @@ hold far less than a VGG's, so its numbers bound the leak from below).
 * ``StyleFingerprint`` ("style_fingerprint"): recompute the candidate images' per-image styles with phi and score
   each by minus its distance to the nearest bank entry, on a gain-invariant signature (log std minus its channel
   average, standardised per dimension with the candidates' spread; [mean, log std] loses to gain changes).
-  Variants: "exact" (the attacker holds the same image files) and "perturbed" (the
-  attacker's copies are shifted by up to +-2 px, gain +-10 %, Gaussian noise sigma 0.02). Membership is training
+  Variants: "exact" (the attacker holds the same image files) and "perturbed" (the attacker's copies are shifted
+  by up to +-2 px, gain +-10 %, Gaussian noise sigma 0.02: ``perturb``, attacks/images.py). Membership is training
   membership, so only a bank of every training image (``bank_size = 0``) makes members and bank entries coincide;
   with J < N at most a J/N share of members can be found. Overall styles (J = 1) are no per-image fingerprint.
   Controls: exact copies in the bank give AUC 1 (positive); a bank of other images gives AUC ~ 0.5 (negative).
@@ -47,9 +47,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit import metrics as M
+from fdg_audit.api import load_method
+from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, sample_victims
-from fdg_audit.plugins import load_method
+
+from .images import perturb, total_variation
 
 KIND = "style_bank"
 
@@ -77,25 +79,6 @@ def style_entries(view, max_victims: int = 0) -> list[tuple[str, int, torch.Tens
 
 def style_vector(mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     return torch.cat([mean, std.clamp_min(1e-6).log()], 1)
-
-
-def perturb(x: torch.Tensor, gen: torch.Generator, shift: int = 2, gain: float = 0.1, noise: float = 0.02):
-    """The attacker's imperfect copies: integer shifts up to +-shift px (border fill), gain, Gaussian noise."""
-    n, _, h, w = x.shape
-    s = torch.randint(-shift, shift + 1, (n, 2), generator=gen).float()
-    theta = torch.zeros(n, 2, 3)
-    theta[:, 0, 0] = theta[:, 1, 1] = 1
-    theta[:, 0, 2], theta[:, 1, 2] = 2 * s[:, 0] / w, 2 * s[:, 1] / h
-    grid = F.affine_grid(theta.to(x.device), list(x.shape), align_corners=False)
-    y = F.grid_sample(x, grid, mode="nearest", padding_mode="border", align_corners=False)
-    g = 1 + (torch.rand(n, 1, 1, 1, generator=gen) * 2 - 1) * gain
-    return (y * g.to(x.device) + noise * torch.randn(x.shape, generator=gen).to(x.device)).clamp(0, 1)
-
-
-def total_variation(x: torch.Tensor) -> torch.Tensor:
-    """Mean absolute difference of neighbouring pixels, per image (N,)."""
-    return (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(1) + \
-        (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(1)
 
 
 def optimise_images(loss_fn, init: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
@@ -142,6 +125,20 @@ def _variant(v: str, label: str) -> str:
     return f"{v}@{label}"
 
 
+# what the bank's encoder phi is, by the label CCST's ``encoder_label`` gives it (the encoders CCST offers)
+ENCODERS = {"learned-encoder": "phi: CCST's learned encoder (its weights travel in the run)",
+            "vgg19-relu4_1-encoder": "phi: a VGG-19 up to relu4_1 (public weights)",
+            "random-linear-encoder-lower-bound": "phi: a random linear encoder, whose statistics hold far less than "
+                                                 "a VGG's (a lower bound)",
+            "random-relu-encoder-lower-bound": "phi: a random ReLU encoder, whose statistics hold far less than a "
+                                               "VGG's (a lower bound)"}
+
+
+def _outputs(words: dict) -> dict:
+    """``outputs`` of a style attack: every variant it names (``_variant``) under every encoder, in words."""
+    return {_variant(v, e): f"{w}; {we}" for v, w in words.items() for e, we in ENCODERS.items()}
+
+
 # ------------------------------------------------------------------------------------------ fingerprint
 
 @dataclass
@@ -172,7 +169,8 @@ class StyleFingerprint(Attack):
     consumes = (KIND,)
     adversary = "client"
     aux = ("candidates",)
-    target = "membership"
+    outputs = _outputs({"exact": "exact copies of the candidates (the attacker holds the same image files)",
+                        "perturbed": "perturbed copies of the candidates"})
     Params = FingerprintParams
 
     def run(self, view, aux):
@@ -226,7 +224,8 @@ class StyleAttribute(Attack):
     consumes = (KIND,)
     adversary = "client"
     aux = ("domain_samples",)
-    target = "attribute"
+    outputs = {e: f"classifier trained on the styles of public samples of each source domain; {we}"
+               for e, we in ENCODERS.items()}
     Params = AttributeParams
 
     def run(self, view, aux):
@@ -304,7 +303,10 @@ class StyleInversion(Attack):
     consumes = (KIND,)
     adversary = "client"
     aux = ("public",)
-    target = "reconstruction"
+    outputs = _outputs({"pixels": "pixels optimised from the public mean image to match the style's statistics",
+                        "flat": "one colour per image matching the style's statistics (what they give without layout)",
+                        "stylised": "the public mean image restyled with the victim's style by the protocol's own "
+                                    "style transfer"})
     Params = InversionParams
 
     def invert(self, enc, mean, std, init, pooled=False, flat=False):

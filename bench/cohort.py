@@ -17,21 +17,21 @@ from pathlib import Path
 
 import torch
 
-import fdg_audit.federation as fed
 from fdg_audit.cohort import fit_cohort
-from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, load_data
+from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, Domain, Split, load_data
 from fdg_audit.models import ModelConfig
 from fdg_audit.params import resolve_device
+from fdg_audit.seeding import run_seq
 from methods.fedavg import FedAvg, Params
 
 
 def make(data, k, device, n=40):
     """K clients of n training images each (two steps at batch 32: one full, one masked short batch)."""
     per = math.ceil(k / len(data.domains))
-    doms = [fed.Domain(c.name, fed.Split(c.train.x[:n], c.train.y[:n], c.train.idx[:n]), c.val)
+    doms = [Domain(c.name, Split(c.train.x[:n], c.train.y[:n], c.train.idx[:n]), c.val)
             for d in data.names for c in data.clients(d)[:per]][:k]
     p = Params(lr=0.05, batch_size=32)
-    seq = fed.seed_sequence(0, "bench")
+    seq = run_seq(0, "bench")
     return [FedAvg.Client(dict(id=d.name, params=p, device=device, model_cfg=ModelConfig(), shape=(1, 28, 28, 10),
                                seedseq=seq, party=i + 1, domain=d)) for i, d in enumerate(doms)]
 

@@ -12,7 +12,7 @@ from torch.func import functional_call
 
 from fdg_audit.bus import encode
 from fdg_audit.data import DataConfig, load_data
-from fdg_audit.federation import seed_sequence
+from fdg_audit.seeding import run_seq as seed_sequence
 from fdg_audit.models import ModelConfig
 from fdg_audit.params import resolve_device
 from methods.feddg import FedDGClient, Params, amplitude, central, half_window

@@ -17,8 +17,8 @@ import engines  # noqa: E402
 
 from fdg_audit.data import DataConfig, load_data  # noqa: E402
 
-PARTS = [("federation.py", "run_federation"), ("federation.py", "fit"), ("federation.py", "batches"),
-         ("federation.py", "accuracy"), ("bus.py", "encode_from"), ("bus.py", "record"), ("bus.py", "decode"),
+PARTS = [("federation.py", "run_federation"), ("protocol.py", "fit"), ("protocol.py", "batches"),
+         ("protocol.py", "accuracy"), ("bus.py", "encode_from"), ("bus.py", "record"), ("bus.py", "decode"),
          ("ledger.py", "append"), ("fedavg.py", "aggregate")]
 
 

@@ -8,7 +8,7 @@ The header is ``{"arrays": [{"name", "dtype", "shape", "offset", "nbytes"}, ...]
 arrays follow in header order as C-contiguous little-endian bytes. Encoding is deterministic, so the same
 payload always has the same sha256, and ``len(encode(p))`` is the size that would cross a real network.
 
-``Bus.send`` applies the sender's filters (privacy mechanisms), encodes, records an Envelope in the ledger
+``Bus.send`` applies the sender's mods (privacy mechanisms: ``Mod``), encodes, records an Envelope in the ledger
 and returns a decoded copy for the receiver. A broadcast is one envelope per receiver.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import json
 import struct
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -127,22 +127,31 @@ class Envelope:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
 
-Filter = Callable[[str, dict, dict, dict], tuple[dict, dict, dict | None]]
-"""A sender-side filter: (kind, arrays, scalars, where) -> (arrays, scalars, event), where = {"run", "round",
-"sender", "received"} (e.g. to seed its noise the same way in both engines; "received": the arrays the sender last
-received, by name, from which client-level DP measures an update). ``event`` names the mechanism and its accounting
-record; it is stored in the envelope (None: nothing to record, e.g. a filter that passes this sender)."""
+class Mod:
+    """A mod: the hook through which the bus lets a mechanism see a party's traffic (as Flower's mods wrap a
+    client's requests and replies), never the party's internals.
+
+    ``request(party, payload)`` sees each decoded request delivered to ``party`` (on the host where that party
+    lives), before the party handles it; ``__call__(kind, arrays, scalars, where)`` sees each payload a party
+    sends, of the kinds the mod is registered for, where ``where = {"run", "round", "sender"}``, and returns
+    ``(arrays, scalars, event)``: what is sent, and an accounting record stored in the envelope (None: nothing to
+    record, e.g. a mod that passes this sender)."""
+
+    def request(self, party: str, payload: "Payload") -> None:
+        pass
+
+    def __call__(self, kind: str, arrays: dict, scalars: dict, where: dict) -> tuple[dict, dict, dict | None]:
+        return arrays, scalars, None
 
 
 class Bus:
     """Records every transmission of one run in a ledger and delivers decoded copies."""
 
-    def __init__(self, ledger, run: str, method: str, filters: dict[str, list[Filter]] | None = None):
+    def __init__(self, ledger, run: str, method: str, filters: dict[str, list[Mod]] | None = None):
         self.ledger, self.run, self.method = ledger, run, method
         self.filters = filters or {}
         self.round, self.seq = 0, 0
         self.sent: dict[int, int] = {}   # wire bytes per round
-        self.received: dict[str, dict] = {}   # party -> arrays it last received, by name (kept only with filters)
         self._last = None                # (bytes, header, sha256) of the last recorded payload
         self._metas: dict[tuple, list] = {}
 
@@ -152,12 +161,17 @@ class Bus:
             raise ValueError(f"unknown artifact kind {kind!r}; known: {sorted(ARTIFACT_KINDS)} "
                              "(a method adds kinds with fdg_audit.bus.register_kind)")
         scalars, events = dict(scalars or {}), []
-        where = {"run": self.run, "round": self.round, "sender": sender, "received": self.received.get(sender, {})}
+        where = {"run": self.run, "round": self.round, "sender": sender}
         for f in self.filters.get(kind, []) + self.filters.get("*", []):
             arrays, scalars, ev = f(kind, arrays, scalars, where)
             if ev:
                 events.append(ev)
         return encode(arrays, scalars), events
+
+    def deliver(self, party: str, payload: Payload) -> None:
+        """Show a request delivered to ``party`` to every mod (``Mod.request``)."""
+        for mod in {id(m): m for ms in self.filters.values() for m in ms}.values():
+            mod.request(party, payload)
 
     def record(self, phase: str, sender: str, receiver: str, kind: str, data: bytes, events=(),
                deliver: bool = True) -> Payload | None:

@@ -17,7 +17,6 @@ import json
 import sys
 import time
 import traceback
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import seeding
 from .api.attack import (ADVERSARIES, AUX, AdversaryView, Audit, Control, Estimate, Predictions, Reconstruction,
                          Scores, Skipped, view_envelopes)
 from .errors import UserError
@@ -184,10 +184,8 @@ def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
 def salted(atk, job: dict, run_seed: int) -> tuple:
     """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
     different seeds draw independent attack randomness (restarts, batches, probes) and the intervals over seeds
-    include it; an attack without a ``seed`` parameter is returned as is. Controls keep the unsalted seed."""
-    if not hasattr(atk.p, "seed"):
-        return atk, job
-    seed = zlib.crc32(f"{atk.p.seed}:{int(run_seed)}".encode())
+    include it. Controls keep the unsalted seed."""
+    seed = seeding.seed32(atk.p.seed, int(run_seed))
     a = copy.copy(atk)
     a.p = copy.copy(atk.p)
     a.p.seed = seed

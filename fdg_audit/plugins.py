@@ -18,6 +18,7 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from .errors import UserError
+from .protocol import MethodPlugin
 
 GROUPS = {"method": "fdg_audit.methods", "attack": "fdg_audit.attacks"}
 
@@ -109,16 +110,21 @@ def load(kind: str, name: str):
 
 def load_method(name: str):
     m = load("method", name)
-    missing = [a for a in ("name", "Params", "Server", "Client") if not hasattr(m, a)]
+    if not (isinstance(m, type) and issubclass(m, MethodPlugin)):
+        raise UserError(f"{name!r} is not a method plugin: subclass fdg_audit.api.method.MethodPlugin (see "
+                        "methods/fedavg.py)")
+    missing = [a for a in ("Server", "Client") if a not in dir(m)] + ([] if m.name else ["name"])
     if missing:
-        raise UserError(f"{name!r} is not a method plugin (missing {', '.join(missing)}): see methods/fedavg.py")
+        raise UserError(f"method plugin {name!r} lacks {', '.join(missing)}: see MethodPlugin's docstring")
     return m
 
 
 def load_attack(name: str):
+    from .api.attack import Attack    # here, not above: fdg_audit.api re-exports this module's loaders
     a = load("attack", name)
-    if not hasattr(a, "run") or not hasattr(a, "consumes"):
-        raise UserError(f"{name!r} is not an attack plugin (needs `consumes` and `run`): see attacks/README.md")
+    if not (isinstance(a, type) and issubclass(a, Attack)):
+        raise UserError(f"{name!r} is not an attack plugin: subclass fdg_audit.api.attack.Attack (see "
+                        "attacks/README.md)")
     return a
 
 
@@ -129,10 +135,9 @@ def describe() -> str:
         lines.append(f"{kind}s ({GROUPS[kind]}):")
         for name, path in sorted(available(kind).items()):
             try:
-                obj = _import(path, kind)
-                extra = (f"sends {', '.join(getattr(obj, 'kinds', ()))}" if kind == "method" else
-                         f"{getattr(obj, 'adversary', '?')} -> {getattr(obj, 'target', '?')} from "
-                         f"{', '.join(getattr(obj, 'consumes', ()))}")
+                obj = load_method(name) if kind == "method" else load_attack(name)
+                extra = (f"sends {', '.join(obj.kinds)}" if kind == "method" else
+                         f"{obj.adversary} reads {', '.join(obj.consumes)}")
             except UserError as e:
                 extra = f"BROKEN: {e}"
             lines.append(f"  {name:<26} {path:<36} [{origin(kind, name)}] {extra}")

@@ -1,7 +1,7 @@
 """The Ray engine (``engine = "ray"``, ``pip install 'fdg_audit[ray]'``): clients live in Ray actors.
 
 The server, the bus and the ledger stay in the driver; an actor is a worker that hosts a block of clients
-(``federation.Host``, loading only their domains' data) and answers with the same FDG1 bytes the in-process
+(``engines.Host``, loading only their domains' data) and answers with the same FDG1 bytes the in-process
 engine would produce, so for the same seed on CPU the ledgers are identical. Options (``RunSpec.ray``, or the
 environment variables in brackets):
 
@@ -83,7 +83,7 @@ class _Actor:
 
 
 class RayWorkers:
-    """The actors of one run; ``federation.RemoteLink`` drives them (``build_host`` builds a worker's clients)."""
+    """The actors of one run; ``engines.RemoteLink`` drives them (``build_host`` builds a worker's clients)."""
 
     def __init__(self, specs: list[dict], truth_sink, opts: dict | None, build_host):
         opts = dict(opts or {})

@@ -108,8 +108,12 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple
         idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
         x, y, _ = truth.images(idx)
         r = out.images.detach().cpu().float().clamp(0, 1)
-        b = out.baseline.cpu().float() if out.baseline is not None else \
-            (aux.public.x if aux.public is not None else x).mean(0, keepdim=True).expand_as(r)
+        if out.flat_baseline and out.rows is not None:
+            b = x.mean((2, 3), keepdim=True).expand_as(x).clone()
+        elif out.baseline is not None:
+            b = out.baseline.cpu().float()
+        else:
+            b = (aux.public.x if aux.public is not None else x).mean(0, keepdim=True).expand_as(r)
         xb, pred = x, None if out.labels is None else np.asarray(out.labels)
         if out.rows is None:  # match each image (baselines on their own) to a distinct true image
             ri, ci = _matched(r, x)

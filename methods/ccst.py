@@ -60,12 +60,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit.bus import register_kind
-from fdg_audit.data import Split
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Reply
+from fdg_audit.api import Split, UserError
+from fdg_audit.api.method import MethodPlugin, Reply, register_kind
 
-from .fedavg import FedAvgClient, FedAvgServer
+from .fedavg import FedAvgClient, FedAvgServer, uniform_mean
 from .fedavg import Params as FedAvgParams
 
 EPS = 1e-5
@@ -406,7 +404,7 @@ class CCSTServer(FedAvgServer):
         self.broadcast("bank", "style_bank", bank)
 
 
-class CCST:
+class CCST(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("it trains on a derived split (several style-transferred rows per image,"
                       " styles mixed across images)")
@@ -416,6 +414,7 @@ class CCST:
     Client = CCSTClient
     partial_participation = True   # the style bank is shared once (round 0, every client); the rounds are FedAvg's
     kinds = ("encoder", "style_bank", "weights")     # encoder: once, down, with the learned encoder only
+    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server
     # the public protocol pieces (Kerckhoffs) attacks reach through ``view.protocol``
     build_encoder = staticmethod(build_encoder)
     encoder_label = staticmethod(encoder_label)

@@ -46,8 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Client, Party, Reply, Server, TrainParams, load_arrays, state_arrays
+from fdg_audit.api import UserError
+from fdg_audit.api.method import (Client, MethodPlugin, Party, Reply, Server, TrainParams, default_build, load_arrays,
+                                 state_arrays)
 
 from .fedavg import weighted_average
 
@@ -123,7 +124,7 @@ def to_hbin(module: nn.Module) -> int:
 
 
 def build(party: Party) -> nn.Module:
-    net = Party.new_model(party)
+    net = default_build(party)
     if party.params.norm_layer == "hbin":
         if to_hbin(net.trunk) + to_hbin(net.neck) == 0:
             raise UserError("copa norm_layer = \"hbin\" replaces the model's norm layers but model.norm = \"none\" "
@@ -235,7 +236,7 @@ class COPAServer(Server):
         return HeadEnsemble(self.model, W, b)
 
 
-class COPA:
+class COPA(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("its HBIN layers normalise with batch statistics,"
                       " coupling the examples of a batch")

@@ -48,8 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Client, Reply, Server, TrainParams, load_arrays, make_optimizer, state_arrays
+from fdg_audit.api import UserError
+from fdg_audit.api.method import (Client, MethodPlugin, Reply, Server, TrainParams, load_arrays, make_optimizer,
+                                 state_arrays)
 
 KERNEL_SCALES = tuple(3.0 ** k for k in range(-3, 2))   # sigma^2 multipliers of the 5 Gaussian kernels
 
@@ -197,7 +198,7 @@ class CSACClient(Client):
         return Reply("weights", state_arrays(model))
 
 
-class CSAC:
+class CSAC(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("its MK-MMD alignment compares the batch's feature distribution,"
                       " coupling the examples of a batch")

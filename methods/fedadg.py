@@ -56,10 +56,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Client, Reply, Server, TrainParams, accuracy, load_arrays, make_optimizer, \
-    state_arrays
-from methods.fedavg import weighted_average
+from fdg_audit.api import UserError
+from fdg_audit.api.method import (Client, MethodPlugin, Reply, Server, TrainParams, accuracy, load_arrays,
+                                 make_optimizer, state_arrays)
+
+from .fedavg import weighted_average
 
 
 @dataclass
@@ -213,7 +214,7 @@ class FedADGServer(Server):
         load_arrays(self.G, weighted_average([gens[c].arrays for c in cs], w))
 
 
-class FedADG:
+class FedADG(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("its adversarial loop trains a discriminator and generator on the data"
                       " outside Client.fit's per-example gradients")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fdg_audit.federation import Client, Reply, Server, TrainParams, load_arrays, state_arrays
+from fdg_audit.api.method import Client, MethodPlugin, Reply, Server, TrainParams, load_arrays, state_arrays
 
 
 @dataclass
@@ -28,6 +28,11 @@ def weighted_average(states: list[dict], weights: list[float]) -> dict[str, torc
         acc = sum(w * s[k].double() for s, w in zip(states, weights))
         out[k] = acc.round().to(states[0][k].dtype) if not states[0][k].is_floating_point() else acc.to(states[0][k].dtype)
     return out
+
+
+def uniform_mean(params) -> bool:
+    """FedAvg's server: the new model is the unweighted mean of the uploads with ``weighting = "uniform"``."""
+    return params.weighting == "uniform"
 
 
 class FedAvgClient(Client):
@@ -80,10 +85,11 @@ class FedAvgServer(Server):
         load_arrays(self.model, self.aggregate(replies))
 
 
-class FedAvg:
+class FedAvg(MethodPlugin):
     name = "fedavg"
     Params = Params
     Server = FedAvgServer
     Client = FedAvgClient
     partial_participation = True
     kinds = ("n_samples", "weights")
+    mean_aggregate = staticmethod(uniform_mean)

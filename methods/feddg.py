@@ -61,11 +61,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Reply
-from fdg_audit.privacy import per_sample
+from fdg_audit.api import UserError
+from fdg_audit.api.method import MethodPlugin, Reply
+from fdg_audit.api.privacy import per_sample
 
-from .fedavg import FedAvgClient, FedAvgServer
+from .fedavg import FedAvgClient, FedAvgServer, uniform_mean
 from .fedavg import Params as FedAvgParams
 
 
@@ -214,8 +214,7 @@ class FedDGClient(FedAvgClient):
     def local_update(self):
         loss = self.episodic_loss
         if self.privacy is not None and self.privacy.dp_sgd:
-            loss = per_sample(functools.partial(FedDGClient.episodic_loss, self))
-            loss.grad_sample = self.per_example_grads
+            loss = per_sample(functools.partial(FedDGClient.episodic_loss, self), self.per_example_grads)
         self.fit(self.model, loss)
 
 
@@ -232,10 +231,11 @@ class FedDGServer(FedAvgServer):
                       {c: ({f"{o}/amp": amps[o] for o in self.clients if o != c}, {}) for c in self.clients})
 
 
-class FedDG:
+class FedDG(MethodPlugin):
     name = "feddg"
     Params = Params
     Server = FedDGServer
     Client = FedDGClient
     partial_participation = True   # banks are exchanged once (round 0, every client); the rounds are FedAvg's
     kinds = ("n_samples", "amplitude_bank", "weights")
+    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server

@@ -45,8 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Reply, load_arrays, state_arrays
+from fdg_audit.api import UserError
+from fdg_audit.api.method import MethodPlugin, Reply, load_arrays, state_arrays
 
 from .fedavg import FedAvgClient, FedAvgServer, weighted_average
 from .fedavg import Params as FedAvgParams
@@ -142,7 +142,7 @@ class FedGAServer(FedAvgServer):
         self.weights = dict(zip(self.clients, a.tolist()))
 
 
-class FedGA:
+class FedGA(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("it sends its training loss (the generalization gap's input), a statistic of the whole split,"
                       " in the clear")

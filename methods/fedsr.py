@@ -38,10 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Party, make_optimizer
+from fdg_audit.api import UserError
+from fdg_audit.api.method import MethodPlugin, Party, default_build, make_optimizer
 
-from .fedavg import FedAvgClient, FedAvgServer
+from .fedavg import FedAvgClient, FedAvgServer, uniform_mean
 from .fedavg import Params as FedAvgParams
 
 VARIANTS = ("paper", "official")
@@ -107,7 +107,7 @@ def fedsr_loss(model: FedSRNet, x, y, eps, r_mu, r_sigma_raw, scale, p: Params) 
 
 def build(party: Party) -> FedSRNet:
     p = party.params
-    return FedSRNet(Party.new_model(party), p.z_dim, party.shape[3], p.num_samples).to(party.device)
+    return FedSRNet(default_build(party), p.z_dim, party.shape[3], p.num_samples).to(party.device)
 
 
 class FedSRClient(FedAvgClient):
@@ -135,7 +135,7 @@ class FedSRServer(FedAvgServer):
     new_model = build
 
 
-class FedSR:
+class FedSR(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("its private prior r(z|y) is trained on the client's data outside DP-SGD's clipping"
                       " and shapes every later update")
@@ -146,3 +146,4 @@ class FedSR:
     Client = FedSRClient
     partial_participation = True   # FedAvg's server: a sampled round averages its sample (FedAvg's rule)
     kinds = ("n_samples", "weights")   # n_samples only with weighting = "n_samples"
+    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server

@@ -41,10 +41,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.errors import UserError
-from fdg_audit.federation import Reply, load_arrays, state_arrays
+from fdg_audit.api import UserError
+from fdg_audit.api.method import MethodPlugin, Reply, load_arrays, state_arrays
 
-from .fedavg import FedAvgClient, FedAvgServer
+from .fedavg import FedAvgClient, FedAvgServer, uniform_mean
 from .fedavg import Params as FedAvgParams
 
 
@@ -161,7 +161,7 @@ class FPLServer(FedAvgServer):
         load_arrays(self.model, self.aggregate(replies))
 
 
-class FPL:
+class FPL(MethodPlugin):
     # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
     dp_sgd_refused = ("its prototype losses use class prototypes,"
                       " statistics of the client's whole data and of other clients")
@@ -171,3 +171,4 @@ class FPL:
     Client = FPLClient
     partial_participation = True   # a sampled round clusters the prototypes of its sample and averages its models
     kinds = ("n_samples", "weights", "prototypes")
+    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server

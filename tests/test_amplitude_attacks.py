@@ -20,7 +20,7 @@ from fdg_audit.api.attack import AdversaryView
 from fdg_audit.harness import load_runs, run_attacks
 from fdg_audit.scoring import Truth
 from fdg_audit.errors import UserError
-from fdg_audit.federation import Reply
+from fdg_audit.api.method import MethodPlugin, Reply
 from fdg_audit.ledger import Ledger
 from fdg_audit.runner import run_scenario
 from methods.fedavg import FedAvgClient, FedAvgServer
@@ -56,7 +56,7 @@ class FakeServer(FedAvgServer):
                        for c in self.clients})
 
 
-class FakeBank:
+class FakeBank(MethodPlugin):
     name = "fakebank"
     Params = FakeParams
     Server = FakeServer
@@ -193,6 +193,8 @@ def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):
     with np.load(grids[0]) as z:
         assert z["recon"].shape == z["truth"].shape == (8, 1, 28, 28)
         assert np.allclose(z["baseline"], z["baseline"][..., :1, :1])   # the flat DC image
+        # at the true image's mean (the un-noised DC term), built by the scorer: a noised bank cannot move it
+        assert np.allclose(z["baseline"][..., 0, 0], z["truth"].mean((2, 3)), atol=1e-6)
 
 
 def test_render_prior_recovers_rotated_digits_exactly():

@@ -8,6 +8,7 @@ import torch
 
 from fdg_audit.errors import UserError
 from fdg_audit.ledger import Ledger
+from fdg_audit.plugins import load_method
 from fdg_audit.privacy import epsilon, new_accountant
 from fdg_audit.privacy.client_dp import UPDATE_KINDS, calibrate, noise
 
@@ -85,7 +86,7 @@ def test_client_accountant_equals_a_standalone_opacus_accountant(run_toml):
     rows = read_csv(run_toml(text) / "privacy.csv")
     from opacus.accountants import RDPAccountant
     for method, per_round in (("fedavg", 1), ("copa", 2)):      # COPA releases trunk and head every round
-        mine = [r for r in rows if f"/{method}/" in r["run"] and r["party"] == "rot15"]
+        mine = [r for r in rows if f"/{method}/" in r["run"] and r["party"] == "rot15" and r["adversary"] == "server"]
         assert [int(r["round"]) for r in mine] == [1, 2, 3]
         for r in mine:
             acc = RDPAccountant()
@@ -97,7 +98,7 @@ def test_client_accountant_equals_a_standalone_opacus_accountant(run_toml):
 def test_target_epsilon_calibrates_sigma_with_opacus(run_toml):
     text = BASE.format(seed=0) + "[privacy.client]\nclip = 1.0\ntarget_epsilon = 4.0\n" + \
         '[[methods]]\nname = "csac"\nacquire_epochs = 1\n'
-    rows = [r for r in read_csv(run_toml(text) / "privacy.csv") if r["round"] == "2"]
+    rows = [r for r in read_csv(run_toml(text) / "privacy.csv") if r["round"] == "2" and r["adversary"] == "server"]
     sigma = calibrate(4.0, 1e-5, 1.0, 3, "rdp")
     assert rows and all(float(r["noise_multiplier"]) == pytest.approx(sigma) for r in rows)
     assert all(float(r["epsilon"]) == pytest.approx(4.0, abs=0.05) for r in rows)   # acquisition + 2 rounds
@@ -160,6 +161,46 @@ participation = {f}
                            if glob[t][k].is_floating_point()])
             mult.append(d.std().item() / (0.05 / m))
     assert mult and all(x == pytest.approx(0.7, rel=0.05) for x in mult), mult
+    # accounting at q = 1 over the rounds each client released in; per adversary: the aggregate (clients) at sigma,
+    # each upload (server without secure aggregation, eavesdropper) at sigma / sqrt(m)
+    from opacus.accountants import create_accountant
+    last = {}
+    for r in read_csv(root / "privacy.csv"):
+        last[(r["party"], r["adversary"])] = r
+    parties = {p for p, _ in last}
+    assert parties == {e.sender for e in led.select(kind="weights") if e.sender != "server"}
+    for p in parties:
+        released = {e.round for e in led.select(kind="weights", sender=p)}
+        for adv, s in (("server", m ** -0.5), ("client", 1.0), ("eavesdropper", m ** -0.5)):
+            r = last[(p, adv)]
+            assert int(r["steps"]) == len(released) and float(r["sample_rate"]) == 1.0
+            acc = create_accountant(r["accountant"])
+            for _ in released:
+                acc.step(noise_multiplier=0.7 * s, sample_rate=1.0)
+            assert float(r["epsilon"]) == pytest.approx(acc.get_epsilon(float(r["delta"])), rel=1e-6)
+            assert (r["headline"] == "True") == (adv == "client")
+
+
+def test_accountant_matches_google_pld_over_gappy_releases():
+    """The client-level accountant (Opacus PRV) against Google's dp-accounting PLD accountant for the same releases:
+    rounds 0, 2, 3 and 7 (gaps cost nothing: q = 1 against the server that samples), two releases in round 3 (one
+    step at sigma / sqrt 2), local mode with a mean-taking server: the curious client reads the mean of K = 5."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import PLDAccountant
+    from fdg_audit.privacy.client_dp import ClientDP, ClientDPFilter, check, plan_check
+    sigma, delta = 1.3, 1e-5
+    c = check(ClientDP(clip=1.0, noise_multiplier=sigma), "privacy.client")
+    plan_check(c, load_method("fedavg"), load_method("fedavg").Params(rounds=8, participation=0.5, weighting="uniform"),
+               10, delta, "prv", "privacy.client")
+    f = ClientDPFilter(c, delta, "prv")
+    for rnd in (0, 2, 3, 3, 7):
+        _, _, ev = f("weights", {"w": torch.ones(20)}, {}, dict(run="r", round=rnd, sender="c0"))
+    for adv, s in (("server", 1.0), ("client", 5 ** 0.5)):
+        pld = PLDAccountant()
+        pld.compose(dp_accounting.GaussianDpEvent(sigma * s), count=3)
+        pld.compose(dp_accounting.GaussianDpEvent(sigma * s / 2 ** 0.5), count=1)
+        assert ev["epsilon_by"][adv] == pytest.approx(pld.get_epsilon(delta), rel=0.02), adv
+    assert ev["steps"] == 4 and ev["sample_rate"] == 1.0
 
 
 def test_same_ledger_in_both_engines_with_client_dp(run_toml):
@@ -174,7 +215,8 @@ def test_same_ledger_in_both_engines_with_client_dp(run_toml):
     rows = read_csv(a / "privacy.csv")
     assert {r["adjacency"] for r in rows if r["mechanism"] == "gaussian_rows:n_samples"} == \
         {"one example (add/remove: the count moves by 1)"}
-    total = [r for r in rows if r["mechanism"] == "total" and r["party"] == "rot15" and r["round"] == "2"]
+    total = [r for r in rows if r["mechanism"] == "total" and r["party"] == "rot15" and r["round"] == "2"
+             and r["adversary"] == "server"]
     acc = new_accountant("rdp")
     acc.history = [(3.0, 1.0, 1), (0.35, 1.0, 2)]     # the count, and client_dp at sigma / 2 (example level)
     assert len(total) == 1 and float(total[0]["epsilon"]) == pytest.approx(epsilon(acc, 1e-5), rel=1e-6)
@@ -267,7 +309,7 @@ def test_adaptive_clip_converges_to_the_target_quantile_of_update_norms():
     for rnd in range(1, 41):
         for i, r in enumerate(norms):
             d = torch.randn(20, generator=g, dtype=torch.float64)
-            f("weights", {"w": (d / d.norm() * r).float()}, {}, dict(run="r", round=rnd, sender=f"c{i}", received={}))
+            f("weights", {"w": (d / d.norm() * r).float()}, {}, dict(run="r", round=rnd, sender=f"c{i}"))
         clips.append(f.clips["r"][1])
     assert clips[0] == 0.2 and clips[1] == pytest.approx(0.2 * math.exp(0.5 * 0.3), rel=0.05)   # geometric step
     q = torch.quantile(norms, 0.3).item()
@@ -287,7 +329,7 @@ def test_adaptive_clip_noise_split_and_accountant_at_the_effective_sigma():
     assert (sd ** -2 + 4.0 ** -2) ** -0.5 == pytest.approx(1.2) and sd > 1.2
     for rnd in (1, 2, 3):
         w = torch.full((4000,), 10.0)                              # norm 632 >> C: clipped
-        out, _, ev = f("weights", {"w": w}, {}, dict(run="r", round=rnd, sender="c0", received={}))
+        out, _, ev = f("weights", {"w": w}, {}, dict(run="r", round=rnd, sender="c0"))
         clip = ev["clip"]
         resid = out["w"].double() - w.double() * clip / w.double().norm()
         assert resid.std().item() == pytest.approx(sd * clip, rel=0.05)
@@ -300,5 +342,5 @@ def test_adaptive_clip_noise_split_and_accountant_at_the_effective_sigma():
         adaptive_filter(6.0, k=40, bit_noise=2.0)                  # 2 sigma_b <= sigma: no budget left for the update
     with pytest.raises(UserError, match="engine"):
         from fdg_audit.privacy.client_dp import ClientDP, check, plan_check
-        plan_check(check(ClientDP(adaptive={"lr": 0.2}), "p"), type("M", (), {"name": "x"}),
-                   type("P", (), {"rounds": 2}), 3, 1e-5, "rdp", "p", engine="process")
+        plan_check(check(ClientDP(adaptive={"lr": 0.2}), "p"), load_method("fedavg"),
+                   load_method("fedavg").Params(rounds=2), 3, 1e-5, "rdp", "p", engine="process")

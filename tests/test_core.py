@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from fdg_audit.api.method import MethodPlugin
 from fdg_audit.bus import Bus, decode, encode
 from fdg_audit.errors import UserError
 from fdg_audit.ledger import Ledger
@@ -152,9 +153,9 @@ def test_set_overrides_and_sweep_expansion(tmp_path):
         load_raw(f, ["methods.nope.lr=1"])
 
 
-class Exploding:
+class Exploding(MethodPlugin):
     """A method whose server fails in round 1: the runner must keep the other runs' results."""
-    name, Params, Client = "exploding", FedAvg.Params, FedAvg.Client
+    name, Params, Client, kinds = "exploding", FedAvg.Params, FedAvg.Client, FedAvg.kinds
 
     class Server(FedAvgServer):
         def step(self, t):

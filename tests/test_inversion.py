@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, cosine_loss, grad_sum,
-                               largest_remainder, recover_labels, schedule, simulate)
+from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, cosine_loss, grad_sum, recover_labels,
+                               schedule, simulate)
+from attacks.labels import round_to_total
 from fdg_audit.api.attack import AdversaryView, Aux, Reconstruction
 from fdg_audit.harness import load_runs
 from fdg_audit.bus import Payload
 from fdg_audit.data import DataConfig, load_data
-from fdg_audit.federation import TrainParams, make_optimizer, state_arrays
+from fdg_audit.api.method import TrainParams, make_optimizer, state_arrays
 from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig, build_model
 from methods.fedavg import FedAvgClient, Params as FedAvgParams
@@ -127,7 +128,7 @@ def test_label_recovery_on_a_hand_made_batch():
     net.load_state_dict({**net.state_dict(), **theta})
     probe = net(torch.rand(64, 1, 28, 28, generator=torch.Generator().manual_seed(1))).softmax(1).mean(0).detach()
     assert recover_labels(gw, gb, probe, len(y), 1).tolist() == counts.tolist()
-    assert largest_remainder(np.array([0.2, 2.6, -1.0, 1.2]), 4).tolist() == [0, 3, 0, 1]
+    assert round_to_total(np.array([0.2, 2.6, -1.0, 1.2]), 4).tolist() == [0, 3, 0, 1]
 
 
 POSITIVE = """

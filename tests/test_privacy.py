@@ -53,6 +53,8 @@ def test_dp_sgd_trains_and_accountant_persists_over_rounds(run_toml):
     rows = read_csv(root / "privacy.csv")
     for party in ("rot15", "rot30"):
         mine = sorted((r for r in rows if r["party"] == party), key=lambda r: int(r["round"]))
+        assert {r["epsilon"] for r in mine if r["round"] == "1"} == {mine[0]["epsilon"]}   # one ε for every adversary
+        mine = [r for r in mine if r["adversary"] == "server"]
         assert [int(r["round"]) for r in mine] == [1, 2, 3, 4, 5]
         eps = [float(r["epsilon"]) for r in mine]
         assert all(b > a for a, b in zip(eps, eps[1:])), eps       # grows: never reset between rounds
@@ -221,7 +223,10 @@ def test_privacy_csv_composes_a_partys_mechanisms_into_a_total():
                                   history=[[1.0, 0.1, steps]])
     bank = dict(mechanism="gaussian_rows", kind="amplitude_bank", accountant="rdp", noise_multiplier=2.0, clip=5.0,
                 sample_rate=1.0, steps=1, delta=1e-5, epsilon=0.0, history=[[2.0, 1.0, 1]])
-    rows = privacy_rows([env(0, bank), env(1, sgd(1, 10)), env(2, sgd(2, 20))])
+    every = privacy_rows([env(0, bank), env(1, sgd(1, 10)), env(2, sgd(2, 20))])
+    assert len(every) == 3 * 6 and {r["covers"] for r in every if r["mechanism"] == "total"} == {
+        "amplitude_bank weights delta head generator", "amplitude_bank"}
+    rows = [r for r in every if r["adversary"] == "server"]
     assert [(r["mechanism"], r["round"]) for r in rows] == [
         ("dp_sgd", 1), ("dp_sgd", 2), ("gaussian_rows:amplitude_bank", 0), ("total", 0), ("total", 1), ("total", 2)]
     acc = new_accountant("rdp")
@@ -269,3 +274,21 @@ def test_dp_sgd_audit_below_accountant_on_dp_runs_and_positive_without_noise(run
         clean = [float(r["value"]) for r in leakage_rows(root, method="clean", metric="eps_lb_one_run")]
         assert len(clean) == (0 if seed else 2) and min(clean, default=9) > 1.5   # no noise: the canaries are found
     assert all(c["passed"] for c in json.loads((root / "controls.json").read_text()))
+
+
+def test_fdp_one_run_audit_tells_eps_8_from_infinity():
+    """2,000 canaries through the Gaussian mechanism that is exactly (8, 1e-5)-DP (each canary's score: its
+    membership plus N(0, sigma^2)): the f-DP one-run bound stays <= 8 over ten seeds; without noise it exceeds 8,
+    and so does the audit's ceiling. Steinke et al.'s bound cannot (its delta term caps it below 8)."""
+    from fdg_audit.metrics.dp import gaussian_delta, gaussian_sigma
+    from fdg_audit.privacy.audit import ceiling, one_run_bound
+    m, delta = 2000, 1e-5
+    sigma = gaussian_sigma(8.0, delta)
+    assert gaussian_delta(8.0, sigma) == pytest.approx(delta, rel=1e-6)
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        member = rng.random(m) < 0.5
+        assert one_run_bound(member + sigma * rng.standard_normal(m), member, delta, fdp=True) <= 8.0
+    member = np.random.default_rng(0).random(m) < 0.5
+    assert one_run_bound(member.astype(float), member, delta, fdp=True) > 8.0 and ceiling(m, delta) > 8.0
+    assert one_run_bound(member.astype(float), member, delta) < 8.0

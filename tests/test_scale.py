@@ -5,13 +5,15 @@ import numpy as np
 import pytest
 import torch
 
+import fdg_audit.engines as engines
 import fdg_audit.federation as fed
 from fdg_audit.cohort import fit_cohort
-from fdg_audit.data import DataConfig, load_data
+from fdg_audit.data import DataConfig, Domain, Split, load_data
 from fdg_audit.errors import UserError
 from fdg_audit.ledger import MemoryLedger
 from fdg_audit.models import ModelConfig
 from fdg_audit.plugins import load_method
+from fdg_audit.seeding import run_seq
 from methods.fedavg import FedAvg, Params
 
 
@@ -80,23 +82,23 @@ def test_participation_samples_clients_per_round(data):
 
 def test_workers_load_only_their_domains(monkeypatch):
     seen = []
-    real = fed.load_data
-    monkeypatch.setattr(fed, "load_data", lambda cfg: seen.append(list(cfg.domains)) or real(cfg))
+    real = engines.load_data
+    monkeypatch.setattr(engines, "load_data", lambda cfg: seen.append(list(cfg.domains)) or real(cfg))
     cfg = DataConfig(dataset="digits", per_domain=60, clients_per_domain=2)
     spec = dict(method="fedavg", data_cfg=cfg, clients={"rot30/1": 3, "rot45/0": 4}, threads=1, cohort=False,
                 params=Params(), device="cpu", model_cfg=ModelConfig(), shape=(1, 28, 28, 10),
-                seedseq=fed.seed_sequence(0, "r"), run_id="r", filters={})
-    host = fed.build_host(spec)
+                seedseq=run_seq(0, "r"), run_id="r", filters={})
+    host = engines.build_host(spec)
     assert seen == [["rot30", "rot45"]] and list(host.clients) == ["rot30/1", "rot45/0"]
     assert np.array_equal(host.clients["rot30/1"].train.idx, load_data(cfg).domain("rot30/1").train.idx)
 
 
 def _clients(data, p, double=True):
-    seq = fed.seed_sequence(0, "cohort")
+    seq = run_seq(0, "cohort")
     out = []
     for i, d in enumerate(c for n in ("rot15", "rot30") for c in data.clients(n)):
         x = d.train.x.double() if double else d.train.x
-        d = fed.Domain(d.name, fed.Split(x, d.train.y, d.train.idx), d.val)
+        d = Domain(d.name, Split(x, d.train.y, d.train.idx), d.val)
         cl = FedAvg.Client(dict(id=d.name, params=p, device="cpu", model_cfg=ModelConfig(), shape=(1, 28, 28, 10),
                                 seedseq=seq, party=i + 1, domain=d))
         out.append(cl.model.double() and cl)

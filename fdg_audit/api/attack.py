@@ -17,17 +17,17 @@ adversary observed a kind it ``consumes``. attacks/README.md is the how-to.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from .. import seeding
 from ..data import Split
-from ..federation import load_arrays
 from ..ledger import Ledger
-from ..models import ModelConfig, build_model
+from ..models import ModelConfig
+from ..protocol import load_arrays
 
 ADVERSARIES = ("server", "client", "eavesdropper")
 AUX = ("public", "domain_samples", "candidates", "layout")
@@ -39,6 +39,7 @@ class AttackParams:
     max_victims: int = 0          # 0 = every victim the adversary can see
     targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
     seeds: list = field(default_factory=list)     # attack only runs of these seeds ([] = every run)
+    seed: int = 0                 # the attack's own randomness (the harness salts it with each run's seed)
 
 
 def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list:
@@ -49,8 +50,7 @@ def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list
     names = list(dict.fromkeys(key(i) for i in items))
     if not max_victims or len(names) <= max_victims:
         return list(items)
-    run = zlib.crc32(view.run_id.encode())
-    prio = {v: np.random.default_rng([run, zlib.crc32(v.encode()), 0x5643]).random() for v in names}
+    prio = {v: seeding.rng(view.run_id, v, seeding.VICTIMS).random() for v in names}
     chosen = set(sorted(names, key=lambda v: (prio[v], v))[:max_victims])
     return [i for i in items if key(i) in chosen]
 
@@ -73,6 +73,8 @@ class Reconstruction:
     aligned: bool = False         # score with aligned PSNR (Fourier ambiguities: shifts, point inversion)
     variant: str = ""
     baseline: torch.Tensor | None = None   # the attack's own trivial baseline images, same rows
+    flat_baseline: bool = False   # instead: the scorer's flat image at each true image's channel means (what an
+    #                               un-noised DC term gives; so a noised artifact's baseline is its un-noised content's)
     labels: Any = None            # predicted class per image, scored as label_acc (after matching)
 
 
@@ -122,6 +124,7 @@ class Audit:
     scores: np.ndarray
     delta: float
     epsilon: float = float("inf")   # the accountant's ε of the audited mechanism (inf: no mechanism)
+    independent: bool = False     # the canaries are independent trials (independent noise per canary row)
     truth: str = "canaries"
     variant: str = ""
 
@@ -255,15 +258,11 @@ class AdversaryView:
         return self.protocol.Params(**self.params)
 
     def new_model(self) -> torch.nn.Module:
-        """The protocol's model: the method's own ``build(party)`` where it has one (COPA, FedSR), else the Net."""
+        """The protocol's model: the method's ``build(party)`` (``MethodPlugin.build``), for a party of this run."""
         from types import SimpleNamespace
         c, s, k = self.shape
-        m = self.protocol
-        if hasattr(m, "build"):
-            party = SimpleNamespace(params=m.Params(**self.params), shape=(c, s, s, k), model_cfg=self.model_cfg,
-                                    device=self.device)
-            return m.build(party).to(self.device)
-        return build_model(self.model_cfg, c, k, s).to(self.device)
+        party = SimpleNamespace(params=self.settings, shape=(c, s, s, k), model_cfg=self.model_cfg, device=self.device)
+        return self.protocol.build(party).to(self.device)
 
     def model(self, arrays: dict) -> torch.nn.Module:
         return load_arrays(self.new_model(), arrays).eval()

@@ -1,12 +1,12 @@
 """Types and helpers every loader shares: Split, Domain, DomainSet, DataConfig, the train/val split."""
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
 DATASETS = ("mnist", "digits", "folder", "idx")
@@ -68,7 +68,7 @@ class DomainSet:
         key = (domain, self.clients_per_domain, self.client_alpha, self.split_seed)
         cache = self.__dict__.setdefault("_clients", {})
         if key not in cache:
-            seed = [self.split_seed, 3000, zlib.crc32(domain.encode())]   # by name: same in a domain subset
+            seed = seeding.seq(self.split_seed, 3000, domain)   # by name: same in a domain subset
             cache[key] = split_clients(d, self.clients_per_domain, self.client_alpha, seed)
         return cache[key]
 
@@ -162,7 +162,7 @@ def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
     small alpha drops classes). Validation splits are unchanged."""
     out = []
     for i, d in enumerate(ds.domains):
-        rng = np.random.default_rng([seed, 2000 + i])
+        rng = seeding.rng(seed, 2000 + i)
         y = d.train.y.numpy()
         p = rng.dirichlet(np.full(ds.num_classes, float(alpha)))
         keep = np.zeros(len(y), dtype=bool)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import DataConfig, DomainSet, select_domains, split_domain
+from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
 ROTATED = {"rot0": 0, "rot15": 15, "rot30": 30, "rot45": 45, "rot60": 60, "rot75": 75}
@@ -58,7 +59,7 @@ def domain_rows(cfg, labels: np.ndarray, n_domains: int, per_domain: int) -> lis
         return [(c, c) for c in partition(n, n_domains, cfg.split_seed, per_domain)]
     if per_domain > n:
         raise UserError(f"data.per_domain = {per_domain} exceeds the {n} images: use at most {n}")
-    rng = np.random.default_rng([cfg.split_seed, 4000])
+    rng = seeding.rng(cfg.split_seed, 4000)
     classes = np.unique(labels)
     per, extra = divmod(per_domain, len(classes))
     common = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:per + (i < extra)]
@@ -110,7 +111,7 @@ def load_digits_domains(cfg: DataConfig) -> DomainSet:
         if cfg.family == "rotated":
             x = rotate(mask, ROTATED[name])
         else:
-            x = appearance(mask, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
+            x = appearance(mask, name, seeding.rng(cfg.split_seed, 1000 + i))
         domains.append(split_domain(name, x, labels[ids], ids, cfg.val_fraction, [cfg.split_seed, i]))
     # the public recipe (lift, then rotate by the domain's angle): what an attacker with a layout prior may know
     layout = {"render": "digits-rotated", "angle": {n: ROTATED[n] for n in wanted}} if cfg.family == "rotated" else {}

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .base import DataConfig, DomainSet, select_domains, split_domain
+from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
@@ -79,7 +80,7 @@ def load_folder_domains(cfg: DataConfig) -> DomainSet:
         if not entries:
             raise UserError(f"domain folder {root / name} has no images ({', '.join(IMAGE_EXTENSIONS)}) in class "
                             f"sub-folders: add <class>/<image> files there or drop it from data.domains")
-        pick = np.random.default_rng([cfg.split_seed, i]).permutation(len(entries))
+        pick = seeding.rng(cfg.split_seed, i).permutation(len(entries))
         if cfg.per_domain:
             pick = np.sort(pick[:cfg.per_domain])
         else:

@@ -15,6 +15,7 @@ import torch
 
 from .base import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
 from .digits import FAMILIES, ROTATED, appearance, domain_rows, rotate
+from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -84,7 +85,7 @@ def load_idx_domains(cfg: DataConfig) -> DomainSet:
         if cfg.family == "rotated":
             x = rotate(x, ROTATED[name])
         else:
-            x = appearance(x, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
+            x = appearance(x, name, seeding.rng(cfg.split_seed, 1000 + i))
         domains.append(split_domain(name, x, labels[rows], ids, cfg.val_fraction, [cfg.split_seed, i]))
     return DomainSet(f"{root.name}-{cfg.family}", domains, int(labels.max()) + 1,
                      1 if cfg.family == "rotated" else 3, int(images.shape[1]))

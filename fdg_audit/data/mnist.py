@@ -24,6 +24,7 @@ import torch
 
 from .base import DataConfig, DomainSet, select_domains, split_domain
 from .digits import APPEARANCE, FAMILIES, ROTATED, appearance, domain_rows, rotate
+from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
 N_IMAGES = 5000
@@ -71,7 +72,7 @@ def load_mnist_domains(cfg: DataConfig) -> DomainSet:
         if cfg.family == "rotated":
             x = rotate(x, ROTATED[name])
         else:
-            x = appearance(x, name, np.random.default_rng([cfg.split_seed, 1000 + i]))
+            x = appearance(x, name, seeding.rng(cfg.split_seed, 1000 + i))
         domains.append(split_domain(name, x, labels[rows], ids, cfg.val_fraction, [cfg.split_seed, i]))
     return DomainSet(f"mnist-{cfg.family}", domains, 10, 1 if cfg.family == "rotated" else 3, 28)
 

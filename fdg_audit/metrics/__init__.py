@@ -3,7 +3,8 @@ and held-out selection for the scorecard; ``registry``: unit, direction, range a
 
 from . import registry, stats
 
-from .dp import clopper_pearson_upper, eps_lower_bound, one_run_eps, one_run_p_value
+from .dp import (clopper_pearson_upper, eps_lower_bound, gaussian_sigma, one_run_eps, one_run_eps_fdp,
+                 one_run_p_value)
 from .image import (
     PSNR_CAP_DB, aligned, aligned_psnr, label_count_accuracy, match_batch, matched_psnr, mse, psnr,
     ssim, success_rate,
@@ -18,5 +19,5 @@ __all__ = [
     "matched_psnr", "label_count_accuracy",
     "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "existence_f1",
     "relative_error",
-    "clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps",
+    "clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps", "one_run_eps_fdp", "gaussian_sigma",
 ]

@@ -28,7 +28,7 @@ Mechanisms and their accounting (each party keeps one accountant per mechanism f
   rate 1/ceil(n/B); the event (sigma, C, q, steps, epsilon) rides on the client's next reply envelope.
 * ``gaussian_rows`` (``artifacts.py``): a bus filter on the artifact kinds named in ``[privacy.artifacts]``;
   ``rows = "count"`` noises a count (``n_samples``) instead.
-* ``client_dp`` (``client_dp.py``): DP-FedAvg's clip + Gaussian noise on each client's model update.
+* ``client_dp`` (``client_dp.py``): client-level DP's clip + Gaussian noise on each client's model update.
 * ``total``: where one party runs several mechanisms, their histories composed in one accountant, under the
   example-level relation (client_dp enters at sigma / 2: one example moves a clipped update by at most 2C).
 
@@ -49,11 +49,13 @@ from ..errors import UserError
 from .accounting import epsilon, new_accountant
 from .artifacts import ArtifactMechanism, GaussianRows
 from .client_dp import ADJACENCY as CLIENT_ADJACENCY
-from .client_dp import ClientDP, ClientDPFilter
+from .client_dp import UPDATE_KINDS, ClientDP, ClientDPFilter
+from .dpsgd import PerSample
 
 ACCOUNTANTS = ("prv", "rdp")
-PRIVACY_FIELDS = ["run", "party", "mechanism", "round", "epsilon", "delta", "noise_multiplier", "clip",
-                  "sample_rate", "accountant", "steps", "adjacency"]
+PRIVACY_FIELDS = ["run", "party", "mechanism", "round", "adversary", "headline", "covers", "epsilon", "delta",
+                  "noise_multiplier", "clip", "sample_rate", "accountant", "steps", "adjacency"]
+ADVERSARIES = ("server", "client", "eavesdropper")
 ADJACENCY = {"dp_sgd": "one example (add/remove)", "gaussian_rows": "one example (zero-out: its row -> null record)",
              "count": "one example (add/remove: the count moves by 1)", "client_dp": CLIENT_ADJACENCY,
              "total": "one example (composed: every mechanism of this party)"}
@@ -137,12 +139,12 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=No
         refuse(method)
     if cfg.client is not None and method is not None:
         from .client_dp import plan_check
-        k = (len(data.names) - 1) * getattr(data, "clients_per_domain", 1)   # source clients of a run
+        k = (len(data.names) - 1) * data.clients_per_domain   # source clients of a run
         plan_check(cfg.client, method, params, k, cfg.delta, cfg.accountant, "privacy.client", engine)
     if cfg.dp_sgd and model_cfg.norm == "batch":
         raise UserError("model.norm = \"batch\" with privacy.dp_sgd: Opacus refuses BatchNorm (it mixes the "
                         "examples of a batch): set model.norm = \"group\"")
-    cpd = getattr(data, "clients_per_domain", 1)
+    cpd = data.clients_per_domain
     ok = set(data.names) if cpd == 1 else {f"{d}/{k}" for d in data.names for k in range(cpd)}
     bad = [c for c in cfg.audit.clients if c not in ok]
     if bad:
@@ -156,11 +158,9 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=No
                         f"{data.size}x{data.size} images")
 
 
-def per_sample(loss_fn):
-    """Mark a local loss ``loss_fn(model, x, y)`` as a mean of per-example terms (each example's term depends only
-    on that example), so that DP-SGD may privatize it. Default cross-entropy needs no mark."""
-    loss_fn.per_sample = True
-    return loss_fn
+def per_sample(loss_fn, grad_sample=None) -> PerSample:
+    """Mark a local loss as a mean of per-example terms (see ``PerSample``). Default cross-entropy needs no mark."""
+    return PerSample(loss_fn, grad_sample)
 
 
 def prepare_client(client) -> None:
@@ -191,8 +191,11 @@ def build_filters(cfg: PrivacyConfig | None) -> dict:
 # ------------------------------------------------------------------------------------------- privacy.csv
 
 def privacy_rows(envelopes) -> list[dict]:
-    """One row per (run, party, mechanism, round) with accounting events in the envelopes, plus a ``total`` row per
-    round for parties with several mechanisms (their histories composed in one accountant)."""
+    """One row per (run, party, mechanism, round, adversary) with accounting events in the envelopes, plus a
+    ``total`` row per round and adversary for parties with several mechanisms (their histories composed in one
+    accountant). ``epsilon`` is the one that holds against that adversary (a mechanism's ``epsilon_by``; the same
+    for every adversary where the event has none), ``covers`` the artifact kinds the mechanism protects, and
+    ``headline`` marks the adversary the mechanism's configured budget is for."""
     latest: dict = {}
     for e in envelopes:
         for ev in e.filters or []:
@@ -206,9 +209,12 @@ def privacy_rows(envelopes) -> list[dict]:
                 latest[key] = ev
     rows = []
     for (run, party, mech, rnd), ev in latest.items():
-        rows.append(dict(run=run, party=party, mechanism=mech, round=rnd, epsilon=ev["epsilon"], delta=ev["delta"],
-                         noise_multiplier=ev["noise_multiplier"], clip=ev["clip"], sample_rate=ev["sample_rate"],
-                         accountant=ev["accountant"], steps=ev["steps"], adjacency=ev["adjacency"]))
+        for adv in ADVERSARIES:
+            rows.append(dict(run=run, party=party, mechanism=mech, round=rnd, adversary=adv,
+                             headline=adv == ev.get("headline", "server"), covers=" ".join(covers(ev)),
+                             epsilon=ev.get("epsilon_by", {}).get(adv, ev["epsilon"]), delta=ev["delta"],
+                             noise_multiplier=ev["noise_multiplier"], clip=ev["clip"], sample_rate=ev["sample_rate"],
+                             accountant=ev["accountant"], steps=ev["steps"], adjacency=ev["adjacency"]))
     by_party: dict = {}
     for (run, party, mech, rnd), ev in latest.items():
         by_party.setdefault((run, party), {}).setdefault(mech, []).append((rnd, ev))
@@ -216,20 +222,29 @@ def privacy_rows(envelopes) -> list[dict]:
         if len(mechs) < 2:
             continue
         for rnd in sorted({r for evs in mechs.values() for r, _ in evs}):
-            hist, delta, acc = [], None, None
-            for evs in mechs.values():
-                past = [ev for r, ev in evs if r <= rnd]
-                if past:
-                    ev = max(past, key=lambda v: v["steps"])
-                    hist += [tuple(h) for h in ev.get("example_history", ev["history"])]
-                    delta, acc = ev["delta"], ev["accountant"]
-            a = new_accountant(acc)
-            a.history = hist
-            rows.append(dict(run=run, party=party, mechanism="total", round=rnd, epsilon=epsilon(a, delta),
-                             delta=delta, noise_multiplier="", clip="", sample_rate="", accountant=acc,
-                             steps=sum(h[2] for h in hist), adjacency=ADJACENCY["total"]))
-    rows.sort(key=lambda r: (r["run"], r["party"], r["mechanism"], r["round"]))
+            for adv in ADVERSARIES:
+                hist, delta, acc, kinds = [], None, None, []
+                for evs in mechs.values():
+                    past = [ev for r, ev in evs if r <= rnd]
+                    if past:
+                        ev = max(past, key=lambda v: v["steps"])
+                        s = ev.get("adversary_scale", {}).get(adv, 1.0)
+                        hist += [(h[0] * s, h[1], h[2]) for h in ev.get("example_history", ev["history"])]
+                        delta, acc, kinds = ev["delta"], ev["accountant"], kinds + covers(ev)
+                a = new_accountant(acc)
+                a.history = hist
+                rows.append(dict(run=run, party=party, mechanism="total", round=rnd, adversary=adv, headline=False,
+                                 covers=" ".join(dict.fromkeys(kinds)), epsilon=epsilon(a, delta), delta=delta,
+                                 noise_multiplier="", clip="", sample_rate="", accountant=acc,
+                                 steps=sum(h[2] for h in hist), adjacency=ADJACENCY["total"]))
+    rows.sort(key=lambda r: (r["run"], r["party"], r["mechanism"], r["round"], ADVERSARIES.index(r["adversary"])))
     return rows
+
+
+def covers(ev: dict) -> list[str]:
+    """The artifact kinds a mechanism's event protects: its ``covers``, else its ``kind`` (one artifact kind), else
+    the model-like uploads (example-level DP-SGD protects what is computed from the privately trained model)."""
+    return list(ev.get("covers") or ([ev["kind"]] if ev.get("kind") else UPDATE_KINDS))
 
 
 def privacy_csv(envelopes) -> str:

@@ -17,9 +17,9 @@ accountant lives per (run, sender, kind) for the whole run. The event (mechanism
 at delta, the accountant's history) goes into the envelope's ``filters`` field.
 
 Counts (``rows = "count"``, e.g. ``n_samples = { rows = "count", clip = 1.0, noise_multiplier = 5.0 }``): every
-numeric scalar of the payload (FedAvg's n_k) gets N(0, (noise_multiplier * clip)^2) and is sent rounded, at least 1
+numeric scalar of the payload (a client's n_k) gets N(0, (noise_multiplier * clip)^2) and is sent rounded, at least 1
 (post-processing). Sensitivity ``clip`` (1: adding or removing one example moves a count by 1); one Gaussian
-release per payload, accounted as above. Without it FedAvg's n_k is sent in the clear, outside every guarantee.
+release per payload, accounted as above. Without it a client's n_k is sent in the clear, outside every guarantee.
 
 Randomness: a torch.Generator seeded from (run, sender, round, kind, how many such payloads this sender already
 sent this round), so the noise is the same in both engines, independent of the method's own random streams
@@ -27,12 +27,12 @@ sent this round), so the noise is the same in both engines, independent of the m
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
+from .. import seeding
+from ..bus import Mod
 from ..errors import UserError
 from .accounting import epsilon, new_accountant
 
@@ -49,9 +49,7 @@ class ArtifactMechanism:
 
 
 def noise_generator(run: str, sender: str, rnd: int, kind: str, count: int) -> torch.Generator:
-    ss = np.random.SeedSequence([zlib.crc32(run.encode()), zlib.crc32(sender.encode()), rnd,
-                                 zlib.crc32(kind.encode()), count, SALT])
-    return torch.Generator().manual_seed(int(ss.generate_state(1, np.uint64)[0] & 0x7FFF_FFFF_FFFF_FFFF))
+    return seeding.torch_gen(run, sender, rnd, kind, count, SALT)
 
 
 def clip_rows(arrays: dict[str, torch.Tensor], clip: float) -> dict[str, torch.Tensor]:
@@ -61,8 +59,8 @@ def clip_rows(arrays: dict[str, torch.Tensor], clip: float) -> dict[str, torch.T
     return {k: (a.double() * f.to(a.device).view(-1, *([1] * (a.dim() - 1)))).to(a.dtype) for k, a in arrays.items()}
 
 
-class GaussianRows:
-    """Bus filter ``(kind, arrays, scalars, where) -> (arrays, scalars, event)`` for one artifact kind."""
+class GaussianRows(Mod):
+    """The bus mod of one artifact kind (``Mod.__call__`` on every client payload of that kind)."""
 
     def __init__(self, kind: str, mech: ArtifactMechanism, delta: float, accountant: str):
         self.kind, self.m, self.delta, self.accountant = kind, mech, delta, accountant

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import seeding
 from ..data import Split
 
 CANARY_STREAM = 0x0CA7   # spawn key of the client's private coin flips
@@ -31,7 +32,7 @@ def canary_frequencies(size: int, seed: int) -> np.ndarray:
     cu, cv = (-u) % size, (-v) % size
     keep = (u * size + v) < (cu * size + cv)      # one of each pair {k, -k}; drops k == -k (DC, Nyquist)
     f = np.stack([u[keep], v[keep]], 1)
-    return f[np.random.default_rng([seed, 1]).permutation(len(f))]
+    return f[seeding.rng(seed, 1).permutation(len(f))]
 
 
 def canary_images(m: int, channels: int, size: int, seed: int = 0) -> torch.Tensor:
@@ -39,7 +40,7 @@ def canary_images(m: int, channels: int, size: int, seed: int = 0) -> torch.Tens
     f = canary_frequencies(size, seed)
     if m > len(f):
         raise ValueError(f"at most {len(f)} canaries fit {size}x{size} images, asked for {m}")
-    phase = np.random.default_rng([seed, 2]).uniform(0, 2 * np.pi, len(f))[:m]
+    phase = seeding.rng(seed, 2).uniform(0, 2 * np.pi, len(f))[:m]
     r = torch.arange(size, dtype=torch.float64)
     fu = torch.as_tensor(f[:m, 0], dtype=torch.float64).view(-1, 1, 1)
     fv = torch.as_tensor(f[:m, 1], dtype=torch.float64).view(-1, 1, 1)
@@ -49,7 +50,7 @@ def canary_images(m: int, channels: int, size: int, seed: int = 0) -> torch.Tens
 
 
 def canary_labels(m: int, num_classes: int, seed: int = 0) -> torch.Tensor:
-    return torch.as_tensor(np.random.default_rng([seed, 3]).integers(0, num_classes, 4096)[:m], dtype=torch.long)
+    return torch.as_tensor(seeding.rng(seed, 3).integers(0, num_classes, 4096)[:m], dtype=torch.long)
 
 
 def insert_canaries(client, audit) -> None:
@@ -58,7 +59,7 @@ def insert_canaries(client, audit) -> None:
         return
     c, s, _, k = client.shape
     m, dev = audit.canaries, client.train.x.device
-    coins = np.random.default_rng(np.random.SeedSequence(client._seq.entropy, spawn_key=(client._party, CANARY_STREAM)))
+    coins = client.stream(CANARY_STREAM)
     member = coins.random(m) < 0.5
     ids = -1 - np.arange(m)
     x = canary_images(m, c, s, audit.seed).to(dev)

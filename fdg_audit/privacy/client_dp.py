@@ -1,4 +1,4 @@
-"""Client-level DP (DP-FedAvg, McMahan et al. 2018) as a bus filter on every model-like upload, for any method.
+"""Client-level DP (McMahan et al. 2018) as a bus mod on every model-like upload, for any method.
 
     [privacy.client]
     clip = 1.0                 # C: L2 bound of one client's update per release
@@ -8,10 +8,10 @@
     kinds = ["weights", "delta", "head", "generator"]
 
 Which artifacts are updates. Every client upload of a kind in ``kinds`` (default: the model-like kinds: full or
-partial model states, COPA's classifier heads, FedADG's generators) is privatized; its arrays are read as a
-delta from what this client last received under the same array name (or ``<client>/<name>``, as COPA relays a
-head per client): ``u = upload - received``, zero where nothing was received (e.g. CSAC with ``init = "own"``:
-the whole state is then the update). The bus passes each party's last received arrays in ``where["received"]``.
+partial model states, classifier heads, generators) is privatized; its arrays are read as a delta from what this
+client last received under the same array name (or ``<client>/<name>``, for a server that relays one array per
+client): ``u = upload - received``, zero where nothing was received (a client that starts from its own model:
+the whole state is then the update). The mod sees each party's requests through the bus's ``Mod.request`` hook.
 All float arrays of one upload are clipped jointly, ``u * min(1, C / ||u||)``; the client sends
 ``received + clipped u + noise``. Non-float arrays (BatchNorm's ``num_batches_tracked``) are sent as received
 (their local count is dropped); where nothing was received they cannot be protected and the run stops. Scalars on
@@ -21,12 +21,12 @@ touched: they need their own mechanism (``[privacy.artifacts]``) or stay outside
 Modes (named in the envelope's event):
 * ``local``: noise N(0, (sigma C)^2) on each upload at the client, against an untrusted server that sees every
   upload. The server's relays are post-processing.
-* ``central``: DP-FedAvg's trusted aggregator, implemented as *distributed* noise: each client adds
+* ``central``: McMahan et al.'s trusted aggregator, implemented as *distributed* noise: each client adds
   N(0, sigma^2 C^2 / K) to its own upload, K the clients the server asks per training round (round(f K') of K'
   clients at participation f, as ``federation.participants`` samples them), so the uniform mean the server computes
   over them carries exactly the N(0, (sigma C / K)^2) that a trusted server would add to the mean of K clipped
   updates (tests/test_client_dp.py measures the aggregate's multiplier at f = 0.3, 0.5, 1). A round that asks every
-  client (round 0: CSAC's acquisition) then carries more noise than that, never less. No client of this engine
+  client (an update in round 0) then carries more noise than that, never less. No client of this engine
   drops out of a round it was asked to; one that did would lower the aggregate's noise. There is no
   trusted party in the code: the guarantee needs (a) secure aggregation, or a server trusted not to read
   individual uploads (each upload alone carries only sigma / sqrt(K) of noise: its epsilon against a server that
@@ -55,13 +55,21 @@ client contributes nothing). Sensitivity C (local) or C / K (central), so each r
 with noise multiplier sigma. One example changes one client's update by at most 2C, so for the example-level
 relation the same release counts at sigma / 2 (that is how it enters a party's ``total``).
 
-Accounting (Opacus accountant used stand-alone, per (run, client)): one step per round at client sampling rate q
-(``participation`` from the method's params when present, else 1). A round in which a method releases m updates
-(COPA: trunk and head) counts as one step at sigma / sqrt(m) (m Gaussian releases of sensitivity C with the same
-coin compose to that exactly); rounds elapsed since the client's first release in which it released nothing count
-with the last m seen (client sampling is secret).
+Accounting (Opacus accountant used stand-alone, per (run, client)): one step at sampling rate q = 1 for every round
+in which the client released, whatever ``participation`` is: the server draws the round's sample and knows it, so
+sampling amplifies nothing against it (nor against a client that learns who took part), and a round without a
+release costs nothing. A round in which a method releases m updates (e.g. a trunk and a head) counts as one step at
+sigma / sqrt(m) (m Gaussian releases of sensitivity C with the same coin compose to that exactly).
 
-Audit (``[privacy.audit] update_canaries = m``, attacks/dp_audit.py ``dp_audit_client``): canary clients in the
+Epsilon per adversary (``epsilon_by`` in each event, one privacy.csv row per adversary): the same history with each
+step's multiplier scaled by what that adversary reads. Local mode: the server and an eavesdropper read each upload
+(sigma); a client reads only the server's mean of the K uploads when the method's server takes a uniform mean
+(sigma sqrt(K): sensitivity C / K, noise sigma C / sqrt(K)), else it may read uploads relayed one by one (sigma).
+Central mode: a client reads the aggregate (sigma); the server without secure aggregation and an eavesdropper read
+each upload (sigma / sqrt(K)). ``epsilon`` is the mode's headline: against the server (local), against everyone
+who reads the aggregate (central).
+
+Audit (``[privacy.audit] update_canaries = m``, read by an audit attack plugin): canary clients in the
 sense of Andrew et al. 2024, for the one-run audit of Steinke et al. 2023. Canary j is a public random unit
 direction u_j of the update's space (``update_canaries``, from the audit seed); it joins an audited client's
 releases with probability 1/2 (``canary_coins``, the truth record ``update_canaries``) as a virtual client whose
@@ -79,13 +87,14 @@ from __future__ import annotations
 
 import math
 import warnings
-import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
 import torch
 
+from .. import seeding
+from ..bus import Mod
 from ..errors import UserError
 from ..params import asked
 from .accounting import epsilon, new_accountant
@@ -113,7 +122,8 @@ class ClientDP:
     kinds: list = field(default_factory=lambda: list(UPDATE_KINDS))
     adaptive: dict = field(default_factory=dict)    # {} = fixed C; a table (Adaptive's keys) = adaptive clipping
     clients: int = 0                # K, clients per round (set at plan time)
-    sample_rate: float = 1.0        # q, client sampling rate (set at plan time)
+    sample_rate: float = 1.0        # q of the accountant: 1, the sample is known to the server (see Accounting)
+    mean: bool = False              # the server's new model is the uniform mean of the uploads (set at plan time)
     rounds: int = 0                 # for target_epsilon (set at plan time)
 
 
@@ -158,17 +168,16 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
                engine: str = "local") -> None:
     """Plan-time settings: K, q, the calibrated sigma, the central mode's uniform-mean requirement and adaptive
     clipping's noise split."""
-    c.sample_rate = float(getattr(params, "participation", 1.0) or 1.0)
-    c.clients = asked(n_clients, c.sample_rate)
+    c.sample_rate = 1.0
+    c.clients = asked(n_clients, float(params.participation))
     c.rounds = params.rounds
-    if c.mode == "central":
-        agg = getattr(getattr(method, "Server", None), "aggregate", None)
-        if getattr(agg, "__qualname__", "") != "FedAvgServer.aggregate" or getattr(params, "weighting", "") != "uniform":
-            raise UserError(f"{where}: mode = \"central\" needs a server that takes the uniform mean of the updates "
-                            f"(FedAvg's aggregate with weighting = \"uniform\"); method {method.name!r} does not: set "
-                            f"weighting = \"uniform\" where the method has it, or use mode = \"local\"")
+    c.mean = bool(method.mean_aggregate(params))
+    if c.mode == "central" and not c.mean:
+        raise UserError(f"{where}: mode = \"central\" needs a server whose new model is the uniform mean of the "
+                        f"updates; method {method.name!r} with these settings does not say so (its mean_aggregate): set "
+                        f"weighting = \"uniform\" where the method has it, or use mode = \"local\"")
     if c.target_epsilon > 0:
-        # rounds + 1 releases: covers a round-0 update (CSAC's acquisition); privacy.csv gives the realized epsilon
+        # rounds + 1 releases: covers an update in round 0; privacy.csv gives the realized epsilon
         c.noise_multiplier = calibrate(c.target_epsilon, delta, c.sample_rate, params.rounds + 1, accountant)
     a = c.adaptive
     if a:
@@ -192,7 +201,7 @@ def noise(run: str, sender: str, rnd: int, kind: str, count: int, n: int, device
 @lru_cache(maxsize=8)
 def update_canaries(m: int, n: int, seed: int) -> torch.Tensor:
     """(m, n) public canary directions (unit rows, float64) for an update of n coordinates."""
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, n, CANARY_SALT]).generate_state(1)[0]))
+    g = torch.Generator().manual_seed(int(seeding.seq(seed, n, CANARY_SALT).generate_state(1)[0]))
     u = torch.randn(m, n, generator=g, dtype=torch.float64)
     return u / u.norm(dim=1, keepdim=True)
 
@@ -200,16 +209,16 @@ def update_canaries(m: int, n: int, seed: int) -> torch.Tensor:
 def canary_coins(run: str, client: str, m: int, seed: int) -> np.ndarray:
     """Which of the m update canaries join this client's releases (each with probability 1/2; never reported to
     attacks, only to the scorer's truth record)."""
-    ss = np.random.SeedSequence([zlib.crc32(run.encode()), zlib.crc32(client.encode()), seed, CANARY_SALT, 1])
-    return np.random.default_rng(ss).random(m) < 0.5
+    return seeding.rng(run, client, seed, CANARY_SALT, 1).random(m) < 0.5
 
 
 def _reference(name: str, sender: str, received: dict):
     return received.get(name, received.get(f"{sender}/{name}"))
 
 
-class ClientDPFilter:
-    """Bus filter ``(kind, arrays, scalars, where) -> (arrays, scalars, event)`` on the update kinds."""
+class ClientDPFilter(Mod):
+    """The bus mod on the update kinds: ``request`` keeps what each party last received (by array name),
+    ``__call__`` privatizes each client upload as an update from it."""
 
     def __init__(self, c: ClientDP, delta: float, accountant: str, audit=None):
         self.c, self.delta, self.accountant = c, delta, accountant
@@ -218,6 +227,10 @@ class ClientDPFilter:
         self.sent: dict = {}       # (run, sender, round, kind) -> releases so far
         self.bits: dict = {}       # adaptive: (run, round) -> the noised clipped-count terms released that round
         self.clips: dict = {}      # adaptive: run -> (round, C of that round)
+        self.received: dict = {}   # party -> arrays it last received, by name (copies)
+
+    def request(self, party, payload):
+        self.received.setdefault(party, {}).update({k: v.clone() for k, v in payload.arrays.items()})
 
     def clip(self, run: str, rnd: int) -> float:
         """C of this round: fixed, or (adaptive) C_t = C_s exp(-eta (b_s - gamma)) from the last round s < t with
@@ -234,12 +247,22 @@ class ClientDPFilter:
         self.clips[run] = (rnd, cs)
         return cs
 
-    def history(self, run: str, sender: str) -> list[tuple]:
+    def scales(self) -> dict:
+        """{adversary: the factor on the noise multiplier of what it reads} (see Epsilon per adversary)."""
+        k = max(1, self.c.clients)
+        if self.c.mode == "central":
+            return {"server": k ** -0.5, "client": 1.0, "eavesdropper": k ** -0.5}
+        return {"server": 1.0, "client": k ** 0.5 if self.c.mean else 1.0, "eavesdropper": 1.0}
+
+    def epsilon(self, run: str, sender: str, scale: float = 1.0) -> float:
+        acc = new_accountant(self.accountant)
+        acc.history = self.history(run, sender, scale)
+        return epsilon(acc, self.delta)
+
+    def history(self, run: str, sender: str, scale: float = 1.0) -> list[tuple]:
+        """(sigma, q, steps) runs: one step per round with releases, q = 1 (see Accounting)."""
         rel = self.releases[(run, sender)]
-        first, last, m, hist = min(rel), max(rel), 1, []
-        for r in range(first, last + 1):
-            m = rel.get(r, m)
-            hist.append((self.c.noise_multiplier / math.sqrt(m), self.c.sample_rate, 1))
+        hist = [(scale * self.c.noise_multiplier / math.sqrt(rel[r]), 1.0, 1) for r in sorted(rel)]
         out = []
         for h in hist:     # merge equal steps: (sigma, q, n)
             if out and out[-1][:2] == h[:2]:
@@ -255,7 +278,7 @@ class ClientDPFilter:
         if scalars:
             raise UserError(f"privacy.client: the {kind!r} update carries scalars {sorted(scalars)}, which client-level "
                             "DP cannot bound: drop the kind from privacy.client.kinds or the scalars from the method")
-        c, received = self.c, where.get("received", {})
+        c, received = self.c, self.received.get(sender, {})
         clip, a = self.clip(run, rnd), c.adaptive
         central = math.sqrt(c.clients) if c.mode == "central" and c.clients else 1.0
         sigma = split_noise(c.noise_multiplier, a.bit_noise) if a else c.noise_multiplier
@@ -298,13 +321,15 @@ class ClientDPFilter:
                 i += k
         rel = self.releases.setdefault((run, sender), {})
         rel[rnd] = rel.get(rnd, 0) + 1
-        acc = new_accountant(self.accountant)
-        acc.history = self.history(run, sender)
+        hist, scales = self.history(run, sender), self.scales()
+        eps = {s: self.epsilon(run, sender, s) for s in {1.0, *scales.values()}}
         event = dict(mechanism="client_dp", mode=c.mode, update_kind=kind, accountant=self.accountant,
+                     covers=list(c.kinds), headline="client" if c.mode == "central" else "server",
+                     adversary_scale=scales, epsilon_by={adv: eps[s] for adv, s in scales.items()},
                      noise_multiplier=c.noise_multiplier, clip=clip, sample_rate=c.sample_rate,
-                     clients=c.clients, steps=sum(h[2] for h in acc.history), delta=self.delta,
-                     epsilon=epsilon(acc, self.delta), history=[list(h) for h in acc.history],
-                     example_history=[[h[0] / 2, h[1], h[2]] for h in acc.history], adjacency=ADJACENCY,
+                     clients=c.clients, steps=sum(h[2] for h in hist), delta=self.delta,
+                     epsilon=eps[1.0], history=[list(h) for h in hist],
+                     example_history=[[h[0] / 2, h[1], h[2]] for h in hist], adjacency=ADJACENCY,
                      update_canaries=audited)
         if a:
             event.update(update_noise_multiplier=sigma, bit_noise=a.bit_noise, clipped_bit=bit if deltas else None)

@@ -14,13 +14,13 @@ both engines give the same ledger.
 
 What DP-SGD can cover: a loss that is a mean of per-example terms of one forward pass. The default cross-entropy
 is; a method's own ``loss_fn`` must be marked with ``fdg_audit.privacy.per_sample`` (otherwise: UserError naming
-the method), and training on a derived split (e.g. CCST's augmented set with several rows per image) is refused,
+the method), and training on a derived split (e.g. an augmented set with several rows per image) is refused,
 since the accounting unit would no longer be one training example. BatchNorm is refused (use GroupNorm).
-A loss whose per-example gradients Opacus' hooks cannot see (FedDG's episodic step through ``functional_call``)
-carries them itself: ``loss_fn.grad_sample(model, x, y)`` returns one (B, *shape) tensor per trainable
-parameter; DP-SGD then clips, noises and accounts them through the same DPOptimizer.
+A loss whose per-example gradients Opacus' hooks cannot see (an episodic step through ``functional_call``)
+carries them itself: ``per_sample(loss, grad_sample)``, where ``grad_sample(model, x, y)`` returns one (B, *shape)
+tensor per trainable parameter; DP-SGD then clips, noises and accounts them through the same DPOptimizer.
 
-Audit (``[privacy.audit] gradient_canaries = m``, attacks/dp_audit.py ``dp_audit_dpsgd``): m Dirac gradient canaries
+Audit (``[privacy.audit] gradient_canaries = m``, read by an audit attack plugin): m Dirac gradient canaries
 at public coordinates, each a member with probability 1/2 (the client's private coin, truth ``gradient_canaries``);
 a member joins each step's batch with the examples' rate q as one more clipped per-example gradient, so each canary
 is one unit of the add/remove relation the accountant covers.
@@ -31,6 +31,8 @@ refused at plan time (``refuse``, from ``check_run``) with one line that names c
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,14 +40,27 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from .. import seeding
 from ..errors import UserError
 from .accounting import epsilon
+
+
+@dataclass(frozen=True)
+class PerSample:
+    """A local loss ``loss(model, x, y)`` declared a mean of per-example terms (each example's term depends only on
+    that example), so that DP-SGD may privatize it; ``grad_sample(model, x, y)``, when given, returns one
+    (B, *shape) per-example gradient per trainable parameter, for a loss Opacus' hooks cannot see."""
+    loss: Any
+    grad_sample: Any = None
+
+    def __call__(self, model, x, y):
+        return self.loss(model, x, y)
 
 
 def refuse(method) -> None:
     """Raise the one-line error for a method whose local objective is not a mean of per-example terms: its plugin
     class says why in ``dp_sgd_refused`` (read at plan time, before any training)."""
-    why = getattr(method, "dp_sgd_refused", "")
+    why = method.dp_sgd_refused
     if why:
         raise UserError(f"privacy.dp_sgd: method {method.name!r} has no per-example objective ({why}), so "
                         "example-level DP-SGD is undefined: use client-level DP instead ([privacy.client] clip and "
@@ -71,7 +86,7 @@ class DPState:
 
 def gradient_canary_coordinates(m: int, n_params: int, seed: int) -> np.ndarray:
     """m distinct flat parameter coordinates of the Dirac gradient canaries (public: from the audit seed)."""
-    return np.random.default_rng([seed, n_params, 0xD1AC]).choice(n_params, m, replace=False)
+    return seeding.rng(seed, n_params, 0xD1AC).choice(n_params, m, replace=False)
 
 
 def add_gradient_canaries(trainable, st, q: float, clip: float, gen: torch.Generator) -> None:
@@ -93,8 +108,8 @@ def check_loss(client, model, loss_fn, split) -> None:
     if split is not None and split is not client.train:
         raise UserError(f"privacy.dp_sgd: method {name!r} trains on a derived split, not one row per training "
                         "example, so per-example DP-SGD accounting does not hold: drop dp_sgd for this method")
-    if loss_fn is not None and not getattr(loss_fn, "per_sample", False):
-        fn = getattr(loss_fn, "__qualname__", repr(loss_fn))
+    if loss_fn is not None and not isinstance(loss_fn, PerSample):
+        fn = getattr(loss_fn, "__qualname__", repr(loss_fn))   # a name for the message (a lambda, a partial)
         raise UserError(f"privacy.dp_sgd: method {name!r} trains with its own loss ({fn}), not marked as a mean of "
                         "per-example terms, which DP-SGD cannot privatize: drop dp_sgd for this method (or, if each "
                         "example's loss depends only on that example, mark it with fdg_audit.privacy.per_sample)")
@@ -116,12 +131,11 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     if cfg.audit.gradient_canaries and st.canaries is None and (not cfg.audit.clients or client.id in cfg.audit.clients):
         from .canaries import CANARY_STREAM
         m = cfg.audit.gradient_canaries
-        coins = np.random.default_rng(np.random.SeedSequence(client._seq.entropy,
-                                                             spawn_key=(client._party, CANARY_STREAM, 1)))
+        coins = client.stream(CANARY_STREAM, 1)
         st.canaries = (gradient_canary_coordinates(m, sum(q.numel() for q in model.parameters() if q.requires_grad),
                                                    cfg.audit.seed), coins.random(m) < 0.5)
         client.record_truth("gradient_canaries", member=st.canaries[1])
-    per_example = getattr(loss_fn, "grad_sample", None)
+    per_example = loss_fn.grad_sample if isinstance(loss_fn, PerSample) else None
     loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
     opt = opt or _optimizer(p, model)
     dev = next(model.parameters()).device

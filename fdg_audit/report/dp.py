@@ -93,6 +93,8 @@ def stream_shares(privacy_rows: list[dict]) -> list[dict]:
     """Per run: each mechanism's final epsilon (max over parties) next to the composed total, where a total exists."""
     last: dict = {}
     for r in privacy_rows:
+        if r.get("adversary", "server") != "server":   # the server's view: the shares of what it reads
+            continue
         key = (r["run"], r["party"], r["mechanism"])
         if key not in last or int(r["round"]) >= int(last[key]["round"]):
             last[key] = r

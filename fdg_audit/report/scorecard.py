@@ -30,16 +30,18 @@
   * assumes: the auxiliary data and output variant of the chosen attacks, in words, from attacks.json (what each
     attack said of itself; nothing is imported).
   * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
-    measurable"), none (the attacks have no controls). epsilon: the largest ε any client spent by the end of the
-    run (privacy.csv), max over the cell's runs; "inf" without DP.
+    measurable"), none (the attacks have no controls). epsilon: accuracy rows: the largest headline ε any client
+    spent by the end of the run (each mechanism's budget against the adversary it is configured for), max over
+    the cell's runs; leakage rows: the ε that holds against the row's adversary for the row's artifact (privacy.csv's
+    per-adversary rows; "inf" where the artifact is outside every mechanism, and without DP).
 """
 from __future__ import annotations
 
-import zlib
 from collections import Counter, defaultdict
 
 import numpy as np
 
+from .. import seeding
 from ..metrics import stats as S
 from ..metrics.registry import HARMS, harm_of, info
 from ..runfolder import load_items
@@ -115,7 +117,7 @@ def _select(run: str, cands: list, const: dict) -> dict:
     """The held-out choice in one run: value items, baseline (items or constant), the chosen candidate."""
     cands = [c for c in cands if c["ok"]] or cands
     higher = info(cands[0]["metric"]).higher
-    salt = zlib.crc32(run.encode())
+    salt = seeding.seed32(run, seeding.SCORE)
     i, items, sel = S.heldout([c["items"] for c in cands], higher, salt)
     chosen = cands[i]
     if all(c["base"] is not None for c in cands):
@@ -136,11 +138,12 @@ def _stat_base(bases: list) -> tuple:
 def scorecard(res: T.Results) -> list[dict]:
     """Rows of scorecard.csv (see the module doc), accuracy rows first within each group."""
     by_run = {r["run"]: r for r in res.ok}
-    eps = {}   # per group: the largest ε any party spent in any of its runs (privacy.csv)
+    eps = {}   # per group: the largest headline ε any party spent in any of its runs (privacy.csv)
     gof = res.group_of()
     for r in res.privacy:
-        if r["run"] in gof and np.isfinite(r["epsilon"]):
+        if r["run"] in gof and r["headline"] and np.isfinite(r["epsilon"]):
             eps[gof[r["run"]]] = max(eps.get(gof[r["run"]], 0.0), r["epsilon"])
+    final = T.final_privacy(res)
     has_controls = {c["attack"] for c in res.controls}
     const = _constant_baseline(res)
     plugin = {T.gkey(r): (r.get("plugin", r.get("method")), bool(r.get("privacy"))) for r in res.ok}
@@ -197,7 +200,9 @@ def scorecard(res: T.Results) -> list[dict]:
         ok = any(s["ok"] for s in sel.values())
         attacks = [s["chosen"]["attack"] for s in sel.values()]
         control = "failed" if not ok else "passed" if all(a in has_controls for a in set(attacks)) else "none"
+        kinds = sorted({s["chosen"]["artifact"] for s in sel.values()})
         row = base_row(g, harm, adv, _mode(s["chosen"]["metric"] for s in sel.values())) | dict(
+            epsilon=_fmt(T.epsilon_against(final, sel, adv, kinds)),
             attack=_mode(attacks), artifact=_mode(s["chosen"]["artifact"] for s in sel.values()),
             assumes=" | ".join(dict.fromkeys(a for s in sel.values() if (a := assumes(
                 res.attacks.get(s["chosen"]["attack"], {}), s["chosen"]["output"])))),
@@ -207,7 +212,7 @@ def scorecard(res: T.Results) -> list[dict]:
         if not ok:
             row["value"] = "not measurable"
             continue
-        m, lo, hi = S.estimate([s["items"] for s in sel.values()], seed=zlib.crc32(repr((g, harm, adv)).encode()))
+        m, lo, hi = S.estimate([s["items"] for s in sel.values()], seed=seeding.seed32(repr((g, harm, adv)), seeding.SCORE))
         b, blo, bhi = _stat_base([s["base"] for s in sel.values()])
         mi = info(row["metric"].split("|")[0])
         cut = lambda x: x if x != x else min(max(x, mi.lo), mi.hi)  # noqa: E731  (intervals stay in the range)

@@ -113,7 +113,11 @@ def load(run_dirs) -> Results:
             status = r.get("status") or "ok"
             measured = r["metric"] not in ("skipped", "failed") and not status.startswith(("skipped", "failed"))
             (res.leakage if measured else res.attack_notes).append(r)
-        res.privacy += [dict(r, epsilon=num(r.get("epsilon")), delta=num(r.get("delta")))
+        res.privacy += [dict(r, epsilon=num(r.get("epsilon")), delta=num(r.get("delta")),
+                             # a folder written before privacy.csv had per-adversary rows: one row for every
+                             # adversary and every kind (as its ε was then read)
+                             adversary=r.get("adversary") or "server", headline=r.get("headline") in (None, "", "True"),
+                             covers=str(r.get("covers") or "*").split())
                         for r in rf.privacy() if r.get("run", "") in runs]
         res.controls += [dict(c, root=str(rf.root)) for c in rf.controls()]
         res.attacks |= rf.attacks()
@@ -236,12 +240,13 @@ def membership_scores(res: Results) -> dict:
 # ------------------------------------------------------------------------------------------- privacy
 
 def privacy_table(res: Results) -> dict:
-    """{group: dict(epsilon=stat, delta)} from privacy.csv: per run the largest ε of any row (the worst party's
-    ε spent by the end of training; its composed ``total`` where it runs several mechanisms), then over runs."""
+    """{group: dict(epsilon=stat, delta)} from privacy.csv: per run the largest headline ε (each mechanism's budget
+    against the adversary it is configured for; the worst party's, by the end of training), then over runs. The
+    leakage cells carry the ε against their own adversary (``epsilon_against``)."""
     gof = res.group_of()
     per_run = {}
     for r in res.privacy:
-        if r["run"] in gof and not math.isnan(r["epsilon"]):
+        if r["run"] in gof and r["headline"] and not math.isnan(r["epsilon"]):
             if r["run"] not in per_run or r["epsilon"] > per_run[r["run"]]["epsilon"]:
                 per_run[r["run"]] = r
     by = defaultdict(list)
@@ -249,3 +254,30 @@ def privacy_table(res: Results) -> dict:
         by[gof[run]].append(r)
     return {g: dict(epsilon=stat(r["epsilon"] for r in rs), delta=max(r["delta"] for r in rs))
             for g, rs in by.items()}
+
+
+def final_privacy(res: Results) -> dict:
+    """{(run, adversary): [the last privacy.csv row of each (party, mechanism)]}, totals left out."""
+    last = {}
+    for r in res.privacy:
+        key = (r["run"], r["adversary"], r["party"], r["mechanism"])
+        if r["mechanism"] != "total" and (key not in last or int(r["round"]) >= int(last[key]["round"])):
+            last[key] = r
+    out = defaultdict(list)
+    for (run, adv, _, _), r in last.items():
+        out[(run, adv)].append(r)
+    return out
+
+
+def epsilon_against(final: dict, runs, adversary: str, kinds) -> float:
+    """The ε that holds against ``adversary`` for artifacts of ``kinds`` over ``runs`` (``final``: final_privacy):
+    per run the largest final ε of any party's mechanism that covers the kind, inf where a kind is outside every
+    mechanism; then the largest over the runs and kinds."""
+    worst = 0.0
+    for run in runs:
+        for kind in kinds:
+            e = [r["epsilon"] for r in final.get((run, adversary), final.get((run, "server"), ()))
+                 if kind in r["covers"] or "*" in r["covers"]
+                 and not math.isnan(r["epsilon"])]
+            worst = max(worst, max(e) if e else math.inf)
+    return worst
