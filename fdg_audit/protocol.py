@@ -12,6 +12,7 @@ the party that does not depend on the round or the calls (e.g. a client's canary
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -50,8 +51,12 @@ class MethodPlugin:
       ``participation_note``     why not, shown when ``participation < 1`` is refused;
       ``dp_sgd_refused``         non-empty: why example-level DP-SGD is undefined for the method (refused at plan time);
       ``build(party)``           the model every party and every attack builds (default: the model zoo's ``Net``);
-      ``mean_aggregate(params)`` True when, with these settings, the server's new model is the unweighted mean of
-                                 the uploads (central client-level DP relies on it);
+      ``aggregate_share(params)`` rho: with these settings the server's new model is a weighted mean of the uploads
+                                 whose weights sum to 1, are at most rho / K each (K uploads) and depend on nothing
+                                 private but privatized update statistics (1.0: the uniform mean; inf, the default:
+                                 none of this holds). Central client-level DP scales each client's noise by rho;
+      ``update_stats(params)``   True when the method sends privatized statistics of its update with it (arrays
+                                 ``stat/<name>`` in the upload; client-level DP clips and noises them apart);
       any static function the method makes public (a style function, a class code, a generator architecture):
       attacks reach them through ``AdversaryView.protocol`` (Kerckhoffs), never through the method's module.
     """
@@ -66,7 +71,11 @@ class MethodPlugin:
     build = staticmethod(default_build)
 
     @staticmethod
-    def mean_aggregate(params) -> bool:
+    def aggregate_share(params) -> float:
+        return math.inf
+
+    @staticmethod
+    def update_stats(params) -> bool:
         return False
 
 

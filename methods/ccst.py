@@ -414,7 +414,7 @@ class CCST(MethodPlugin):
     Client = CCSTClient
     partial_participation = True   # the style bank is shared once (round 0, every client); the rounds are FedAvg's
     kinds = ("encoder", "style_bank", "weights")     # encoder: once, down, with the learned encoder only
-    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server
+    aggregate_share = staticmethod(uniform_mean)   # FedAvg's server
     # the public protocol pieces (Kerckhoffs) attacks reach through ``view.protocol``
     build_encoder = staticmethod(build_encoder)
     encoder_label = staticmethod(encoder_label)

@@ -35,6 +35,15 @@ Paper vs. official code (methods.md §3); the paper is the default:
   that for models trained from scratch: the server broadcasts its initial model in round 0 (kind ``weights``;
   with ``model.weights`` set every init is that file anyway). ``"own"``: each client starts from its own seeded
   init; per-tensor fusion of independently initialised nets then averages unaligned units.
+- ``fusion = "dp"`` (a deviation, for client-level DP under a trusted aggregator; not in the paper or the code):
+  eq. 4's weights depend on every upload and are unbounded, so one client could move the fused model arbitrarily
+  and central DP cannot cover it. Here each client sends with its model the per-tensor distances to the model it
+  received, ||G_{h,l} - M_l|| (``stat/distance``: a function of its own update only; client-level DP clips them
+  with the update and adds noise ``stat_noise`` of their own), and the server weighs tensor l by those distances as
+  eq. 4 does, moved into [1 / (rho K), rho / K] and summing to 1 (``box_weights``, rho = ``fusion_share``). The
+  distance to the received global replaces the distance to the mean of the uploads (which depends on every
+  client). ``aggregate_share`` tells client-level DP the bound rho, so central mode scales each client's noise
+  by rho and the fused model carries at least the configured noise multiplier.
 - Budget: paper 30 acquisition epochs, 40 rounds, calibration 5 epochs (Rotated MNIST) / 10 (others); code
   SGD lr 0.01, momentum 0.5, no weight decay, optimizer re-created every round (as here). ``acquire_epochs``
   defaults to 5 for the small CNNs and small embedded domains; raise it with --set for the paper's budget.
@@ -42,6 +51,7 @@ Paper vs. official code (methods.md §3); the paper is the default:
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,9 +77,14 @@ class Params(TrainParams):
     align_neck: bool = False        # also align the neck feature (projections then map to 1x1)
     proj_channels: int = 32         # channels of the common projected size (code: 32)
     init: str = "shared"            # shared (server sends one init in round 0) | own (each client's seeded init)
+    fusion: str = "paper"           # paper (eq. 4) | dp (bounded weights from privatized distances; a deviation)
+    fusion_share: float = 2.0       # dp: rho, every weight in [1 / (rho K), rho / K]
 
     def __post_init__(self):
-        for key, allowed in (("alignment", ("paper", "official")), ("init", ("shared", "own"))):
+        if not self.fusion_share >= 1:
+            raise UserError(f"csac fusion_share = {self.fusion_share}: use a number >= 1 (1 = the uniform mean)")
+        for key, allowed in (("alignment", ("paper", "official")), ("init", ("shared", "own")),
+                             ("fusion", ("paper", "dp"))):
             if getattr(self, key) not in allowed:
                 raise UserError(f"csac {key} = {getattr(self, key)!r}: use one of {', '.join(allowed)}")
         if self.align_stages < 1 and not self.align_neck:
@@ -98,6 +113,40 @@ def fuse(states: list[dict]) -> dict[str, torch.Tensor]:
     return out
 
 
+def box_weights(d: torch.Tensor, rho: float) -> torch.Tensor:
+    """The DP fusion's weights of one tensor: proportional to the clients' (noised) distances d as eq. 4 would make
+    them, moved into [1 / (rho K), rho / K] and summing to 1: clamp(lam * d, lo, hi) with lam found by bisection."""
+    k = len(d)
+    lo, hi = 1 / (rho * k), rho / k
+    v = d.double().clamp(min=0) + 1e-12 * (float(d.abs().max()) + 1e-12)   # every weight can reach hi
+    a, b = 0.0, hi / float(v.min())
+    for _ in range(100):
+        lam = (a + b) / 2
+        a, b = (lam, b) if float((lam * v).clamp(lo, hi).sum()) < 1 else (a, lam)
+    w = (b * v).clamp(lo, hi)
+    return w / w.sum()
+
+
+def fuse_dp(states: list[dict], dist: list[torch.Tensor], rho: float) -> dict[str, torch.Tensor]:
+    """``fusion = "dp"``: each float tensor fused with ``box_weights`` of the clients' privatized distances (one per
+    float tensor, in state order); integer buffers averaged uniformly and rounded."""
+    out, j, d = {}, 0, torch.stack([t.double() for t in dist])
+    for k, ref in states[0].items():
+        if ref.is_floating_point():
+            w, j = box_weights(d[:, j], rho), j + 1
+        else:
+            w = torch.full((len(states),), 1 / len(states), dtype=torch.float64)
+        acc = sum(wh * s[k].double() for wh, s in zip(w, states))
+        out[k] = acc.to(ref.dtype) if ref.is_floating_point() else acc.round().to(ref.dtype)
+    return out
+
+
+def distances(model: nn.Module, received: dict) -> torch.Tensor:
+    """Per float tensor of the state: ||G_l - M_l||, M what the client received (zero where nothing was)."""
+    return torch.stack([(v.double() - received[k].to(v.device).double() if k in received else v.double()).norm()
+                        for k, v in model.state_dict().items() if v.is_floating_point()])
+
+
 class CSACServer(Server):
     def begin(self):
         if self.params.init == "shared":
@@ -107,7 +156,12 @@ class CSACServer(Server):
         self.fuse(replies)
 
     def fuse(self, replies):
-        load_arrays(self.model, fuse([replies[c].arrays for c in replies]))   # the round's participants
+        states = [{k: v for k, v in replies[c].arrays.items() if not k.startswith("stat/")} for c in replies]
+        if self.params.fusion == "dp":   # the round's participants
+            load_arrays(self.model, fuse_dp(states, [replies[c]["stat/distance"] for c in replies],
+                                            self.params.fusion_share))
+        else:
+            load_arrays(self.model, fuse(states))
 
     def step(self, t):
         self.fuse(self.broadcast("calibrate", "weights", state_arrays(self.model)))
@@ -169,7 +223,11 @@ class CSACClient(Client):
         self.fit(model, lambda m, x, y: F.cross_entropy(m(x), y, label_smoothing=ls),
                  epochs=self.params.acquire_epochs)
         self.local = copy.deepcopy(model).eval().requires_grad_(False)
-        return Reply("weights", state_arrays(model))
+        return self.upload(model, {} if msg is None else msg.arrays)
+
+    def upload(self, model, received):
+        stats = {"stat/distance": distances(model, received)} if self.params.fusion == "dp" else {}
+        return Reply("weights", state_arrays(model) | stats)
 
     def calibration_loss(self, model, x, y):
         p = self.params
@@ -195,7 +253,7 @@ class CSACClient(Client):
             self.proj = projections(shapes, self.params.proj_channels).to(self.device)
             params += list(self.proj.parameters())
         self.fit(model, self.calibration_loss, opt=make_optimizer(self.params, params))
-        return Reply("weights", state_arrays(model))
+        return self.upload(model, msg.arrays)
 
 
 class CSAC(MethodPlugin):
@@ -208,3 +266,11 @@ class CSAC(MethodPlugin):
     Client = CSACClient
     kinds = ("weights",)
     partial_participation = True   # a sampled round fuses its sample's models (the fusion takes any set of models)
+
+    @staticmethod
+    def aggregate_share(params) -> float:
+        return params.fusion_share if params.fusion == "dp" else math.inf
+
+    @staticmethod
+    def update_stats(params) -> bool:
+        return params.fusion == "dp"

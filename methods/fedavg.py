@@ -9,6 +9,7 @@ model (``cohort = "vmap"``, fdg_audit.cohort) when no subclass changes it and th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +31,10 @@ def weighted_average(states: list[dict], weights: list[float]) -> dict[str, torc
     return out
 
 
-def uniform_mean(params) -> bool:
-    """FedAvg's server: the new model is the unweighted mean of the uploads with ``weighting = "uniform"``."""
-    return params.weighting == "uniform"
+def uniform_mean(params) -> float:
+    """FedAvg's server: the new model is the uniform mean of the uploads (share 1) with ``weighting = "uniform"``;
+    n_k weights are computed from the clients' sizes, which no mechanism bounds (inf)."""
+    return 1.0 if params.weighting == "uniform" else math.inf
 
 
 class FedAvgClient(Client):
@@ -92,4 +94,4 @@ class FedAvg(MethodPlugin):
     Client = FedAvgClient
     partial_participation = True
     kinds = ("n_samples", "weights")
-    mean_aggregate = staticmethod(uniform_mean)
+    aggregate_share = staticmethod(uniform_mean)

@@ -238,4 +238,4 @@ class FedDG(MethodPlugin):
     Client = FedDGClient
     partial_participation = True   # banks are exchanged once (round 0, every client); the rounds are FedAvg's
     kinds = ("n_samples", "amplitude_bank", "weights")
-    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server
+    aggregate_share = staticmethod(uniform_mean)   # FedAvg's server

@@ -146,4 +146,4 @@ class FedSR(MethodPlugin):
     Client = FedSRClient
     partial_participation = True   # FedAvg's server: a sampled round averages its sample (FedAvg's rule)
     kinds = ("n_samples", "weights")   # n_samples only with weighting = "n_samples"
-    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server
+    aggregate_share = staticmethod(uniform_mean)   # FedAvg's server

@@ -171,4 +171,4 @@ class FPL(MethodPlugin):
     Client = FPLClient
     partial_participation = True   # a sampled round clusters the prototypes of its sample and averages its models
     kinds = ("n_samples", "weights", "prototypes")
-    mean_aggregate = staticmethod(uniform_mean)   # FedAvg's server
+    aggregate_share = staticmethod(uniform_mean)   # FedAvg's server

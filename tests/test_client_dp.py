@@ -325,7 +325,7 @@ def test_adaptive_clip_noise_split_and_accountant_at_the_effective_sigma():
 
     from fdg_audit.privacy.client_dp import split_noise
     f = adaptive_filter(1.2, clip=0.5, k=40, bit_noise=2.0)
-    sd = split_noise(1.2, 2.0)
+    sd = split_noise(1.2, 2 * 2.0)
     assert (sd ** -2 + 4.0 ** -2) ** -0.5 == pytest.approx(1.2) and sd > 1.2
     for rnd in (1, 2, 3):
         w = torch.full((4000,), 10.0)                              # norm 632 >> C: clipped
@@ -344,3 +344,72 @@ def test_adaptive_clip_noise_split_and_accountant_at_the_effective_sigma():
         from fdg_audit.privacy.client_dp import ClientDP, check, plan_check
         plan_check(check(ClientDP(adaptive={"lr": 0.2}), "p"), load_method("fedavg"),
                    load_method("fedavg").Params(rounds=2), 3, 1e-5, "rdp", "p", engine="process")
+
+
+CSAC_CENTRAL = """
+seeds = [0]
+report = false
+threads = 1
+[data]
+dataset = "digits"
+family = "rotated"
+domains = ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"]
+targets = ["rot0"]
+per_domain = 10
+clients_per_domain = 2
+[train]
+rounds = 3
+local_steps = 1
+batch_size = 4
+lr = 1e-12
+weight_decay = 0.0
+[privacy.client]
+clip = 0.05
+noise_multiplier = 0.7
+mode = "central"
+"""
+
+
+def test_csac_dp_fusion_under_central_dp_carries_at_least_the_configured_multiplier(run_toml):
+    """CSAC with ``fusion = "dp"`` (rho = 2) under central client-level DP, ten clients, no learning (lr 1e-12, one
+    acquisition epoch): each upload carries sigma rho C / sqrt(K), the distances their own noise, and the fused
+    model's change between broadcasts divided by the largest weight's sensitivity rho C / K has a standard deviation
+    of at least sigma. The paper's fusion is refused in central mode, and the distances need stat_noise."""
+    with pytest.raises(UserError, match="fusion = \"dp\""):
+        run_toml(CSAC_CENTRAL + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n", name="a")
+    with pytest.raises(UserError, match="stat_noise"):
+        run_toml(CSAC_CENTRAL + "[[methods]]\nname = \"csac\"\nacquire_epochs = 1\nfusion = \"dp\"\n", name="b")
+    root = run_toml(CSAC_CENTRAL + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n"
+                    "fusion = \"dp\"\n", name="c")
+    led = Ledger.open(root)
+    glob = {}
+    for e in led.select(kind="weights", sender="server"):
+        glob.setdefault(e.round, led.payload(e).arrays)
+    mult = []
+    for t in sorted(glob)[:-1]:
+        d = torch.cat([(glob[t + 1][k].double() - glob[t][k].double()).flatten() for k in glob[t]
+                       if glob[t][k].is_floating_point()])
+        mult.append(d.std().item() / (2 * 0.05 / 10))
+    for e in led.select(kind="weights"):
+        if e.sender != "server":
+            ev = e.filters[0]
+            assert ev["stat_noise"] == 3.0 and ev["update_noise_multiplier"] == pytest.approx((0.7 ** -2 - 3 ** -2) ** -0.5)
+    assert mult and all(0.95 * 0.7 <= x <= 2 * 0.7 for x in mult), mult    # sigma sqrt(K sum w^2): 1 to rho
+    ups = [e for e in led.select(kind="weights", round=2) if e.sender != "server"]
+    upd = [torch.cat([(led.payload(e).arrays[k].double() - glob[1][k].double()).flatten() for k in glob[1]
+                      if glob[1][k].is_floating_point()]) for e in ups]
+    sigma_u = (0.7 ** -2 - 3 ** -2) ** -0.5
+    assert upd and all(u.std().item() == pytest.approx(sigma_u * 2 * 0.05 / math.sqrt(10), rel=0.1) for u in upd)
+
+
+def test_box_weights_stay_in_the_box_sum_to_one_and_keep_the_order():
+    from methods.csac import box_weights
+    g = torch.Generator().manual_seed(0)
+    for rho in (1.0, 1.5, 2.0, 4.0):
+        for _ in range(20):
+            d = torch.randn(7, generator=g).abs() * torch.rand(7, generator=g) * 10
+            w = box_weights(d, rho)
+            assert float(w.sum()) == pytest.approx(1.0)
+            assert float(w.min()) >= 1 / (rho * 7) - 1e-9 and float(w.max()) <= rho / 7 + 1e-9
+            order = torch.argsort(d)
+            assert bool((w[order][1:] >= w[order][:-1] - 1e-12).all())

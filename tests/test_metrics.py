@@ -257,3 +257,15 @@ def test_registry_covers_every_metric_the_scorer_writes():
     assert [R.card_metrics(h) for h in ("reconstruction", "class")] == [("psnr",), ("label_acc", "class_balanced_acc")]
     with pytest.raises(UserError, match=r"'lpips'.*fdg_audit/metrics/registry.py"):
         R.info("lpips")
+
+
+def test_an_empty_heldout_half_is_nan_for_its_run_not_an_error():
+    """A held-out half can be left without items (few candidates, all on one side): that run's value is NaN and the
+    estimate comes from the other runs, for every item kind."""
+    from fdg_audit.metrics.stats import Items, estimate
+    for kind, y in (("auc", np.array([0, 1, 0, 1])), ("mean", None), ("balanced_acc", np.array([0, 1, 0, 1]))):
+        empty = Items(kind, np.array([]), None if y is None else np.array([], int), np.array([], np.int64))
+        full = Items(kind, np.array([0.1, 0.9, 0.3, 0.8]) if kind == "auc" else np.array([1.0, 0.0, 1.0, 1.0]), y,
+                     np.arange(4))
+        m, lo, hi = estimate([empty, full])
+        assert np.isfinite(m) and m == full.stat()

@@ -56,8 +56,10 @@ class Items:
         """The metric on items ``idx`` (..., m) (default: all), one value per leading index."""
         idx = np.arange(len(self.x)) if idx is None else np.asarray(idx)
         x = np.asarray(self.x, float)[idx]
-        if self.kind == "mean":     # no items: NaN, without numpy's empty-slice warning
-            return x.mean(-1) if x.shape[-1] else np.full(x.shape[:-1], np.nan)
+        if not x.shape[-1]:         # no items: NaN, without numpy's empty-slice warning
+            return np.full(x.shape[:-1], np.nan)
+        if self.kind == "mean":
+            return x.mean(-1)
         y = np.asarray(self.y)[idx]
         if self.kind == "auc":
             from scipy.stats import rankdata
@@ -78,8 +80,8 @@ class Items:
     def resample(self, rng: np.random.Generator, b: int) -> np.ndarray:
         """``b`` bootstrap draws of item indices (b, m), stratified by label for "auc"."""
         m = len(self.x)
-        if self.kind != "auc":
-            return rng.integers(0, m, (b, m))
+        if self.kind != "auc" or not m:     # no items (a held-out half left empty): every draw is empty, NaN
+            return rng.integers(0, max(m, 1), (b, m))
         parts = [np.flatnonzero(np.asarray(self.y) == c) for c in (0, 1)]
         return np.concatenate([p[rng.integers(0, len(p), (b, len(p)))] for p in parts if len(p)], 1)
 

@@ -122,17 +122,19 @@ class ClientDP:
     kinds: list = field(default_factory=lambda: list(UPDATE_KINDS))
     adaptive: dict = field(default_factory=dict)    # {} = fixed C; a table (Adaptive's keys) = adaptive clipping
     clients: int = 0                # K, clients per round (set at plan time)
+    stat_noise: float = 0.0         # sigma_s: noise multiplier of update statistics (arrays stat/<name>); 0 = none
     sample_rate: float = 1.0        # q of the accountant: 1, the sample is known to the server (see Accounting)
-    mean: bool = False              # the server's new model is the uniform mean of the uploads (set at plan time)
+    share: float = math.inf         # rho: the server's new model weighs each upload by <= rho / K (set at plan time)
     rounds: int = 0                 # for target_epsilon (set at plan time)
 
 
 def check(c: ClientDP, where: str) -> ClientDP:
     if c.mode not in MODES:
         raise UserError(f"{where}.mode = {c.mode!r}: use \"local\" (untrusted server) or \"central\" (trusted aggregator)")
-    if not c.clip > 0 or c.noise_multiplier < 0 or c.target_epsilon < 0:
-        raise UserError(f"{where}: need clip > 0, noise_multiplier >= 0 and target_epsilon >= 0, got clip = {c.clip}, "
-                        f"noise_multiplier = {c.noise_multiplier}, target_epsilon = {c.target_epsilon}")
+    if not c.clip > 0 or c.noise_multiplier < 0 or c.target_epsilon < 0 or c.stat_noise < 0:
+        raise UserError(f"{where}: need clip > 0 and noise_multiplier, target_epsilon, stat_noise >= 0, got clip = "
+                        f"{c.clip}, noise_multiplier = {c.noise_multiplier}, target_epsilon = {c.target_epsilon}, "
+                        f"stat_noise = {c.stat_noise}")
     if not isinstance(c.kinds, list) or not c.kinds:
         raise UserError(f"{where}.kinds must be a non-empty list of artifact kinds, e.g. [\"weights\"]")
     if c.adaptive:
@@ -144,13 +146,14 @@ def check(c: ClientDP, where: str) -> ClientDP:
     return c
 
 
-def split_noise(z: float, sigma_b: float) -> float:
-    """sigma_Delta, the update's noise multiplier when the clipped-count estimate takes noise sigma_b (Andrew et al.
-    2021, Thm. 1: the pair is one Gaussian mechanism of multiplier z = (sigma_Delta^-2 + (2 sigma_b)^-2)^-1/2, the
-    count's terms b - 1/2 having sensitivity 1/2); inf when z = 0 is asked of a noisy count."""
+def split_noise(z: float, *others: float) -> float:
+    """sigma_Delta, the update's noise multiplier when Gaussian releases of multipliers ``others`` (noise over
+    sensitivity) go with it: together one Gaussian mechanism of multiplier z = (sigma_Delta^-2 + sum o^-2)^-1/2
+    (Andrew et al. 2021, Thm. 1, for the clipped count: o = 2 sigma_b, its terms b - 1/2 having sensitivity 1/2;
+    update statistics: o = stat_noise); inf when z = 0 is asked of noisy companions or nothing is left."""
     if z == 0:
         return 0.0
-    rest = z ** -2 - (2 * sigma_b) ** -2
+    rest = z ** -2 - sum(o ** -2 for o in others)
     return math.inf if rest <= 0 else rest ** -0.5
 
 
@@ -171,11 +174,15 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
     c.sample_rate = 1.0
     c.clients = asked(n_clients, float(params.participation))
     c.rounds = params.rounds
-    c.mean = bool(method.mean_aggregate(params))
-    if c.mode == "central" and not c.mean:
-        raise UserError(f"{where}: mode = \"central\" needs a server whose new model is the uniform mean of the "
-                        f"updates; method {method.name!r} with these settings does not say so (its mean_aggregate): set "
-                        f"weighting = \"uniform\" where the method has it, or use mode = \"local\"")
+    c.share = float(method.aggregate_share(params))
+    if c.mode == "central" and math.isinf(c.share):
+        raise UserError(f"{where}: mode = \"central\" needs a server whose new model is a uniform mean (or a mean with "
+                        f"bounded, privatized weights) of the updates; method {method.name!r} with these settings has "
+                        f"none (its aggregate_share): set weighting = \"uniform\" where the method has it (CSAC: "
+                        f"fusion = \"dp\"), or use mode = \"local\"")
+    if method.update_stats(params) and not c.stat_noise > 0:
+        raise UserError(f"{where}: method {method.name!r} sends statistics of its update (stat/...) that need noise of "
+                        f"their own: set {where}.stat_noise, e.g. 5.0")
     if c.target_epsilon > 0:
         # rounds + 1 releases: covers an update in round 0; privacy.csv gives the realized epsilon
         c.noise_multiplier = calibrate(c.target_epsilon, delta, c.sample_rate, params.rounds + 1, accountant)
@@ -186,9 +193,10 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
                             f"one place, which engine = {engine!r} does not give the filter: use engine = \"local\"")
         if not a.bit_noise:
             a.bit_noise = n_clients / 20
-        if c.noise_multiplier > 0 and math.isinf(split_noise(c.noise_multiplier, a.bit_noise)):
-            raise UserError(f"{where}.adaptive: bit_noise = {a.bit_noise:g} leaves no budget for the update at noise "
-                            f"multiplier {c.noise_multiplier:.3g} (need 2 bit_noise > it): raise adaptive.bit_noise")
+    if c.noise_multiplier > 0 and math.isinf(split_noise(c.noise_multiplier, 2 * a.bit_noise if a else math.inf,
+                                                         c.stat_noise or math.inf)):
+        raise UserError(f"{where}: adaptive.bit_noise and stat_noise leave no budget for the update at noise multiplier "
+                        f"{c.noise_multiplier:.3g} (need (2 bit_noise)^-2 + stat_noise^-2 < its ^-2): raise them")
 
 
 def noise(run: str, sender: str, rnd: int, kind: str, count: int, n: int, device=None) -> torch.Tensor:
@@ -249,10 +257,19 @@ class ClientDPFilter(Mod):
 
     def scales(self) -> dict:
         """{adversary: the factor on the noise multiplier of what it reads} (see Epsilon per adversary)."""
-        k = max(1, self.c.clients)
+        k, rho = max(1, self.c.clients), self.c.share
         if self.c.mode == "central":
-            return {"server": k ** -0.5, "client": 1.0, "eavesdropper": k ** -0.5}
-        return {"server": 1.0, "client": k ** 0.5 if self.c.mean else 1.0, "eavesdropper": 1.0}
+            return {"server": rho / k ** 0.5, "client": 1.0, "eavesdropper": rho / k ** 0.5}
+        return {"server": 1.0, "client": max(1.0, k ** 0.5 / rho), "eavesdropper": 1.0}
+
+    def multiplier(self, scale: float) -> float:
+        """One release's noise multiplier for an adversary whose view scales the update's (and the clipped count's)
+        noise by ``scale``: the update statistics' noise sigma_s is the same for everyone who reads them (each
+        client's, or what the server computed from them); z = the configured noise_multiplier at scale 1."""
+        z, s = self.c.noise_multiplier, self.c.stat_noise
+        if not s or z == 0:
+            return z * scale
+        return ((z ** -2 - s ** -2) / scale ** 2 + s ** -2) ** -0.5
 
     def epsilon(self, run: str, sender: str, scale: float = 1.0) -> float:
         acc = new_accountant(self.accountant)
@@ -262,7 +279,7 @@ class ClientDPFilter(Mod):
     def history(self, run: str, sender: str, scale: float = 1.0) -> list[tuple]:
         """(sigma, q, steps) runs: one step per round with releases, q = 1 (see Accounting)."""
         rel = self.releases[(run, sender)]
-        hist = [(scale * self.c.noise_multiplier / math.sqrt(rel[r]), 1.0, 1) for r in sorted(rel)]
+        hist = [(self.multiplier(scale) / math.sqrt(rel[r]), 1.0, 1) for r in sorted(rel)]
         out = []
         for h in hist:     # merge equal steps: (sigma, q, n)
             if out and out[-1][:2] == h[:2]:
@@ -270,6 +287,21 @@ class ClientDPFilter(Mod):
             else:
                 out.append(h)
         return out
+
+    def noised_stats(self, stats: dict, clip: float, kind: str, where: dict) -> dict:
+        """Update statistics (arrays ``stat/<name>``, e.g. per-tensor norms of the update): clipped jointly to L2 norm
+        ``clip`` (one client moves them by at most clip under zero-out) plus N(0, (stat_noise clip)^2) each, the
+        same for every adversary (each client's are read one by one)."""
+        if not self.c.stat_noise > 0:
+            raise UserError(f"privacy.client: the {kind!r} upload carries update statistics {sorted(stats)} that need "
+                            "noise of their own: set privacy.client.stat_noise, e.g. 5.0")
+        vs = {k: torch.as_tensor(v).double() for k, v in stats.items()}
+        norm = torch.sqrt(sum(v.pow(2).sum() for v in vs.values()))
+        f = (clip / (norm + 1e-12)).clamp(max=1.0)
+        g = noise_generator(where["run"], where["sender"], where["round"], f"client_dp_stat:{kind}",
+                            self.sent.get((where["run"], where["sender"], where["round"], kind), 0))
+        return {k: (v * f + torch.randn(v.shape, generator=g, dtype=torch.float64) * self.c.stat_noise * clip
+                    ).to(torch.as_tensor(stats[k]).dtype) for k, v in vs.items()}
 
     def __call__(self, kind, arrays, scalars, where):
         sender, run, rnd = where["sender"], where["run"], where["round"]
@@ -280,10 +312,13 @@ class ClientDPFilter(Mod):
                             "DP cannot bound: drop the kind from privacy.client.kinds or the scalars from the method")
         c, received = self.c, self.received.get(sender, {})
         clip, a = self.clip(run, rnd), c.adaptive
-        central = math.sqrt(c.clients) if c.mode == "central" and c.clients else 1.0
-        sigma = split_noise(c.noise_multiplier, a.bit_noise) if a else c.noise_multiplier
+        central = math.sqrt(c.clients) / c.share if c.mode == "central" and c.clients else 1.0
+        sigma = split_noise(c.noise_multiplier, 2 * a.bit_noise if a else math.inf, c.stat_noise or math.inf)
+        stats = {k: v for k, v in arrays.items() if k.startswith("stat/")}
         out, deltas, refs = dict(arrays), {}, {}
         for name, v in arrays.items():
+            if name in stats:
+                continue
             v = torch.as_tensor(v)
             ref = _reference(name, sender, received)
             if not v.is_floating_point():
@@ -319,6 +354,8 @@ class ClientDPFilter(Mod):
                 k = d.numel()
                 out[name] = (refs[name] + d * f + z[i:i + k].view_as(d)).to(arrays[name].dtype)
                 i += k
+        if stats:
+            out.update(self.noised_stats(stats, clip, kind, where))
         rel = self.releases.setdefault((run, sender), {})
         rel[rnd] = rel.get(rnd, 0) + 1
         hist, scales = self.history(run, sender), self.scales()
@@ -331,6 +368,8 @@ class ClientDPFilter(Mod):
                      epsilon=eps[1.0], history=[list(h) for h in hist],
                      example_history=[[h[0] / 2, h[1], h[2]] for h in hist], adjacency=ADJACENCY,
                      update_canaries=audited)
+        if a or c.stat_noise:
+            event.update(update_noise_multiplier=sigma, stat_noise=c.stat_noise)
         if a:
-            event.update(update_noise_multiplier=sigma, bit_noise=a.bit_noise, clipped_bit=bit if deltas else None)
+            event.update(bit_noise=a.bit_noise, clipped_bit=bit if deltas else None)
         return out, scalars, event
