@@ -116,13 +116,8 @@ def test_central_mode_noise_and_refusal(run_toml):
         assert upd.std().item() == pytest.approx(0.7 * 0.05 / math.sqrt(3), rel=0.1)   # sigma C / sqrt(K), K = 3
 
 
-@pytest.mark.parametrize("f", [0.3, 0.5, 1.0])
-def test_central_aggregate_carries_the_configured_multiplier_at_any_participation(run_toml, f):
-    """Ten clients, no learning (lr 1e-12: every update is about 1e-12), so the change of the global model between two
-    broadcasts is the aggregate's noise alone. Divided by the mean's sensitivity C / m (m = round(f K) clients asked),
-    its standard deviation is the aggregate's noise multiplier: sigma at every f (sigma sqrt(f) before, when each
-    client added sigma C / sqrt(K) for all K = 10)."""
-    text = f"""
+# ten clients (5 source domains x 2), no learning, central client-level DP at sigma 0.7, C 0.05
+CENTRAL_TEN = """
 seeds = [0]
 report = false
 threads = 1
@@ -143,7 +138,16 @@ weight_decay = 0.0
 clip = 0.05
 noise_multiplier = 0.7
 mode = "central"
-[[methods]]
+"""
+
+
+@pytest.mark.parametrize("f", [0.3, 0.5, 1.0])
+def test_central_aggregate_carries_the_configured_multiplier_at_any_participation(run_toml, f):
+    """Ten clients, no learning (lr 1e-12: every update is about 1e-12), so the change of the global model between two
+    broadcasts is the aggregate's noise alone. Divided by the mean's sensitivity C / m (m = round(f K) clients asked),
+    its standard deviation is the aggregate's noise multiplier: sigma at every f (sigma sqrt(f) before, when each
+    client added sigma C / sqrt(K) for all K = 10)."""
+    text = CENTRAL_TEN + f"""[[methods]]
 name = "fedavg"
 weighting = "uniform"
 participation = {f}
@@ -346,28 +350,6 @@ def test_adaptive_clip_noise_split_and_accountant_at_the_effective_sigma():
                    load_method("fedavg").Params(rounds=2), 3, 1e-5, "rdp", "p", engine="process")
 
 
-CSAC_CENTRAL = """
-seeds = [0]
-report = false
-threads = 1
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"]
-targets = ["rot0"]
-per_domain = 10
-clients_per_domain = 2
-[train]
-rounds = 3
-local_steps = 1
-batch_size = 4
-lr = 1e-12
-weight_decay = 0.0
-[privacy.client]
-clip = 0.05
-noise_multiplier = 0.7
-mode = "central"
-"""
 
 
 def test_csac_dp_fusion_under_central_dp_carries_at_least_the_configured_multiplier(run_toml):
@@ -376,10 +358,10 @@ def test_csac_dp_fusion_under_central_dp_carries_at_least_the_configured_multipl
     model's change between broadcasts divided by the largest weight's sensitivity rho C / K has a standard deviation
     of at least sigma. The paper's fusion is refused in central mode, and the distances need stat_noise."""
     with pytest.raises(UserError, match="fusion = \"dp\""):
-        run_toml(CSAC_CENTRAL + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n", name="a")
+        run_toml(CENTRAL_TEN + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n", name="a")
     with pytest.raises(UserError, match="stat_noise"):
-        run_toml(CSAC_CENTRAL + "[[methods]]\nname = \"csac\"\nacquire_epochs = 1\nfusion = \"dp\"\n", name="b")
-    root = run_toml(CSAC_CENTRAL + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n"
+        run_toml(CENTRAL_TEN + "[[methods]]\nname = \"csac\"\nacquire_epochs = 1\nfusion = \"dp\"\n", name="b")
+    root = run_toml(CENTRAL_TEN + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n"
                     "fusion = \"dp\"\n", name="c")
     led = Ledger.open(root)
     glob = {}

@@ -178,8 +178,8 @@ def plan_check(c: ClientDP, method, params, n_clients: int, delta: float, accoun
     if c.mode == "central" and math.isinf(c.share):
         raise UserError(f"{where}: mode = \"central\" needs a server whose new model is a uniform mean (or a mean with "
                         f"bounded, privatized weights) of the updates; method {method.name!r} with these settings has "
-                        f"none (its aggregate_share): set weighting = \"uniform\" where the method has it (CSAC: "
-                        f"fusion = \"dp\"), or use mode = \"local\"")
+                        f"none (its aggregate_share): choose the method's bounded aggregation where it has one (e.g. "
+                        f"weighting = \"uniform\" or fusion = \"dp\"), or use mode = \"local\"")
     if method.update_stats(params) and not c.stat_noise > 0:
         raise UserError(f"{where}: method {method.name!r} sends statistics of its update (stat/...) that need noise of "
                         f"their own: set {where}.stat_noise, e.g. 5.0")
