@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import leakage_rows
 from fdg_audit.errors import UserError
 from fdg_audit.ledger import Ledger
 from fdg_audit.plugins import load_method
@@ -382,6 +383,11 @@ def test_csac_dp_fusion_under_central_dp_carries_at_least_the_configured_multipl
                       if glob[1][k].is_floating_point()]) for e in ups]
     sigma_u = (0.7 ** -2 - 3 ** -2) ** -0.5
     assert upd and all(u.std().item() == pytest.approx(sigma_u * 2 * 0.05 / math.sqrt(10), rel=0.1) for u in upd)
+    # attacks read the uploads as model states: the update statistics are not in their payloads
+    from fdg_audit.harness import run_attacks
+    run_attacks(root, [{"name": "mia_loss"}], quiet=True)
+    got = leakage_rows(root, attack="mia_loss")
+    assert got and not [r for r in got if str(r.get("status", "ok")).startswith("failed")]
 
 
 def test_box_weights_stay_in_the_box_sum_to_one_and_keep_the_order():

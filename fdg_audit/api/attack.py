@@ -210,7 +210,10 @@ class Message:
 
     @property
     def payload(self):
-        return self._ledger.payload(self.env)
+        """The decoded payload, without a method's update statistics (arrays ``stat/<name>``, noised apart by
+        client-level DP): what the attacks read is model state, banks and scalars."""
+        p = self._ledger.payload(self.env)
+        return type(p)({k: v for k, v in p.arrays.items() if not k.startswith("stat/")}, p.scalars)
 
 
 def view_envelopes(ledger: Ledger, run_id: str, adversary: str, me: str) -> list:
