@@ -33,8 +33,11 @@ Modes (named in the envelope's event):
   reads it is that of multiplier sigma / sqrt(K), far larger; the ledger's uploads show what such a server sees),
   and (b) all K clients to add their share honestly (a dropped or colluding client lowers the aggregate's noise).
   The epsilon holds for the aggregate and everything derived from it (the global model, what other clients
-  receive). It needs a uniform mean (sensitivity C / K): methods whose server aggregates otherwise are refused at
-  plan time. The update audit reads central-mode runs' broadcast aggregates, not the individual uploads.
+  receive). It needs a uniform mean (sensitivity C / K), or a weighted mean whose weights are at most rho / K and
+  come from privatized statistics only (the method's ``aggregate_share`` rho; each client then adds
+  N(0, rho^2 sigma^2 C^2 / K), so the weighted mean carries at least multiplier sigma for its largest weight, and
+  an upload alone carries rho sigma / sqrt(K)): methods without either are refused at plan time. The update audit
+  reads central-mode runs' broadcast aggregates, not the individual uploads.
 
 Adaptive clipping (Andrew et al. 2021, "Differentially private learning with adaptive clipping"), an option::
 
