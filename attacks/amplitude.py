@@ -18,6 +18,9 @@ fftshifted amplitude travels (shape smaller than the image): phase retrieval doe
   then registered to channel 0 (circular shift / point inversion / contrast sign), since each channel has its
   own trivial ambiguities. Baseline: the flat image with each channel's mean intensity, read off the DC term.
   Positive control: images zero-padded 2x with the known support are recovered exactly (aligned PSNR >= 60 dB).
+  Variant "learned" (opt-in): a VAE trained on the attacker's public images (attacks/prior.py) first fits latents to
+  each amplitude, then HIO + ER refine every restart's decoded image inside its own dilated foreground, at the
+  same iterations x restarts as "box" (``learned_steps`` of the HIO iterations become latent Adam steps).
 * ``Fingerprint`` ("amplitude_fingerprint"): psi(x) = mean-removed, L2-normalised log(1 + |FFT2(x)|), invariant to
   circular shifts and point inversion; a candidate's score is its best cosine to any of the victim's bank
   entries (one matmul). Variant "perturbed": candidates shifted by up to +-2 px (non-circular: edges repeat),
@@ -46,6 +49,7 @@ from fdg_audit.api.attack import (Attack, AttackParams, Control, Predictions, Re
                                   sample_victims)
 
 from .images import perturb
+from .prior import fit_amplitude, foreground, learned_prior, settings_of
 
 KIND = "amplitude_bank"
 
@@ -224,9 +228,7 @@ def estimate_support(x: torch.Tensor, frac: float = 0.02, thresh: float = 0.25, 
     """Pixels (bool (H, W)) that are foreground in at least ``frac`` of images x (N, C, H, W): foreground = a
     channel differs from the image's border median by more than ``thresh`` times that image's largest such
     difference; then dilated by ``dilate`` px."""
-    border = torch.cat([x[..., 0, :], x[..., -1, :], x[..., :, 0], x[..., :, -1]], -1)
-    dev = (x - border.median(-1).values[..., None, None]).abs().amax(1)          # (N, H, W)
-    fg = (dev > thresh * dev.flatten(1).amax(1).clamp_min(1e-6)[:, None, None]).float().mean(0) >= frac
+    fg = foreground(x, thresh).float().mean(0) >= frac
     if dilate:
         k = 2 * dilate + 1
         fg = F.max_pool2d(fg[None, None].float(), k, 1, dilate)[0, 0] > 0
@@ -251,6 +253,11 @@ class PRParams(AttackParams):
     render_restarts: int = 32         # "render": random latents per image, of which the best ...
     render_keep: int = 4              # ... keep (lowest residual after the first stage) for the second
     render_steps: list = field(default_factory=lambda: [300, 700])   # Adam steps of the two stages
+    learned_steps: int = 250          # "learned" (opt-in): latent Adam steps, taken out of the hio iterations ...
+    learned_dilate: int = 3           # ... then HIO + ER inside the decoded image's foreground dilated by this
+    prior_latent: int = 16            # the VAE on aux.public (attacks/prior.py PriorSettings): latent dimension,
+    prior_steps: int = 1200           # training steps,
+    prior_rotate: float = 90.0        # rotation augmentation (+- degrees)
     seed: int = 0
 
 
@@ -280,13 +287,22 @@ class PhaseRetrieval(_BankAttack):
                "support_domain": "support mask from same-site public images",
                "support_frame": "known-layout frame (the upright 20x20 digit box)",
                "render": "oracle: the dataset's public recipe (8x8 digit, bilinear to 20x20, rotated by the domain's "
-                         "angle), 64 unknowns per image; an upper bound, not what a typical attacker knows"}
+                         "angle), 64 unknowns per image; an upper bound, not what a typical attacker knows",
+               "learned": "learned prior: a VAE trained on the attacker's public images of the held-out domain "
+                          "(another domain than the victim's, rotation-augmented); latent fit, then HIO + ER inside "
+                          "the decoded image's dilated foreground"}
     Params = PRParams
+    priors = {"box": "none", "support_frame": "layout", "render": "oracle", "learned": "learned", "*": "layout"}
+    budget = {"*": (("hio", "er"), "restarts"), "render": (("render_steps",), "render_restarts")}
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
         if len(self.p.render_steps) != 2 or min(self.p.render_steps) < 0:
             raise UserError(f"{self.name}.render_steps = {self.p.render_steps!r}: give two step counts, e.g. [300, 700]")
+        p = self.p
+        self.outputs = {**self.outputs, "learned": self.outputs["learned"] + f"; budget {p.hio + p.er} iterations "
+                        f"({min(p.learned_steps, p.hio)} latent + {max(p.hio - p.learned_steps, 0)} HIO + {p.er} ER) "
+                        f"x {p.restarts} restarts"}
 
     def _support(self, variant: str, aux, victim: str, size: int) -> torch.Tensor | None:
         if variant == "box":
@@ -308,12 +324,24 @@ class PhaseRetrieval(_BankAttack):
         g, _ = retrieve(amp.reshape(N * C, H, W), support, p.background, p.hio, p.er, p.restarts, p.beta, p.tol, gen)
         return register_channels(g.view(N, C, H, W))
 
+    def attack_learned(self, amp: torch.Tensor, public: torch.Tensor, gen) -> torch.Tensor:
+        """Images (N, C, H, W) from full amplitudes through the learned prior: every restart's latent fit is refined
+        by HIO + ER from its decoded image inside that image's dilated foreground; the lowest residual is kept."""
+        p, (N, C, H, W) = self.p, amp.shape
+        prior = learned_prior(public.to(self.device), settings_of(p), p.seed)
+        x0, _ = fit_amplitude(prior, amp, p.restarts, min(p.learned_steps, p.hio), gen)     # (R, N, C, H, W)
+        sup = foreground(x0.flatten(0, 1), dilate=p.learned_dilate).repeat_interleave(C, 0)
+        g, res = retrieve(amp.repeat(p.restarts, 1, 1, 1).flatten(0, 1), sup, p.background,
+                          max(p.hio - p.learned_steps, 0), p.er, 1, p.beta, p.tol, gen, init=x0.flatten(0, 2))
+        best = res.view(p.restarts, N, C).sum(-1).argmin(0)
+        return g.view(p.restarts, N, C, H, W)[best, torch.arange(N, device=amp.device)]
+
     def run(self, view, aux):
         """Every victim's bank under every variant goes through one batched retrieval (one tensor op per
         iteration for the whole attack); "box" is the all-True mask."""
         size = view.shape[1]
         gen = torch.Generator().manual_seed(self.p.seed)
-        outs, jobs, renders = [], [], []
+        outs, jobs, renders, learned = [], [], [], []
         for victim, rnd, amp in bank_entries(view, self.p.max_victims):
             if tuple(amp.shape[-2:]) != (size, size):
                 outs.append(Skipped(victim, KIND, rnd, f"the bank holds a {tuple(amp.shape[-2:])} window of the "
@@ -330,6 +358,9 @@ class PhaseRetrieval(_BankAttack):
                     else:
                         renders.append((victim, rnd, rows, a, float(angle)))
                     continue
+                if v == "learned":
+                    learned.append((victim, rnd, rows, a))
+                    continue
                 s = self._support(v, aux, victim, size)
                 s = torch.ones(size, size, dtype=torch.bool, device=self.device) if s is None else s
                 jobs.append((victim, rnd, rows, a, v, s))
@@ -345,6 +376,9 @@ class PhaseRetrieval(_BankAttack):
             rec = render_fit(amp, ang, self.p.render_restarts, self.p.render_keep, self.p.render_steps,
                              gen).split([len(j[3]) for j in renders])
             done += [(victim, rnd, rows, a, "render", r) for (victim, rnd, rows, a, _), r in zip(renders, rec)]
+        if learned:      # every victim through one prior, one batched fit
+            rec = self.attack_learned(torch.cat([a for *_, a in learned]), aux.public.x, gen)
+            done += [(*j, "learned", r) for j, r in zip(learned, rec.split([len(j[3]) for j in learned]))]
         for victim, rnd, rows, a, v, r in done:   # baseline: the flat image at the un-noised DC term (pixel sums)
             outs.append(Reconstruction(victim, KIND, rnd, r, truth="amp", rows=rows, aligned=True, variant=v,
                                        flat_baseline=True))
@@ -407,6 +441,7 @@ class Fingerprint(_BankAttack):
     outputs = {"exact": "exact copies of the candidates (the attacker holds the same image files)",
                "perturbed": "perturbed copies of the candidates"}
     Params = FPParams
+    rows = {"perturbed": "perturbed copies of the candidates"}
 
     def run(self, view, aux):
         gen = torch.Generator().manual_seed(self.p.seed)

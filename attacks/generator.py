@@ -131,6 +131,7 @@ class GeneratorLeakage(Attack):
                "decoded_generator": "a decoder the attacker trained on its public images through the broadcast feature "
                                     "extractor, applied to samples of the victim's uploaded generator"}
     Params = Params
+    priors, budget = {"decoded_generator": "learned"}, {"decoded_generator": (("decoder_steps",), "")}
 
     def sign(self, view) -> float:
         d = self.p.direction

@@ -31,6 +31,9 @@ Attack (Inverting Gradients, Geiping et al. 2020, with the FedAvg unrolling of b
   * BatchNorm: the simulation uses batch statistics (train mode). With ``bn_prior`` > 0 and running statistics
     in the upload (G4), the simulated running mean/var (same momentum recursion as torch) must also match the
     uploaded ones: + bn_prior · Σ_l relative squared error (DeepInversion's prior, here exact at the truth).
+Prior (``prior``): "none" (the default: pixel space, TV only) or "learned": the dummy images are decode(z) of the
+VAE the attacker trains on its public images (attacks/prior.py, the same object as the amplitude attack's), and the
+latents z ~ N(0, I) are optimised instead of pixels (same objective, optimiser and budget); output variant "learned".
 Labels are never given: ``recover_labels`` reads them off the last layer. One image in one step: iDLG (the
 only row of ∇W_last with a negative sum). Otherwise the bias-based count estimator: per step the bias gradient
 is p̄ − n_c/b, so summed over T steps n_c ≈ b·(T·p̄_c − Σ_s g_s,c), where Σ_s g_s is −Δb/lr (momentum-weighted
@@ -67,6 +70,7 @@ from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Recons
 
 from .images import total_variation
 from .labels import round_to_total
+from .prior import learned_prior, settings_of
 
 
 @dataclass
@@ -81,6 +85,10 @@ class Params(AttackParams):
     max_images: int = 64              # cap on the dummy set per client-round (0 = no cap)
     bn_prior: float = 0.0             # weight of the BN running-statistics term (models with BatchNorm)
     probes: int = 64                  # random images for the mean softmax of the label-count estimator
+    prior: str = "none"               # none (pixel space) | learned (latents of a VAE trained on aux.public)
+    prior_latent: int = 16            # the learned prior (attacks/prior.py PriorSettings): latent dimension,
+    prior_steps: int = 1200           # training steps,
+    prior_rotate: float = 90.0        # rotation augmentation (+- degrees)
     seed: int = 0
 
 
@@ -229,14 +237,19 @@ def mean_softmax(net, states: list[dict], shape: tuple, n: int, gen: torch.Gener
 
 def invert(net, params: dict, obs: dict, y: torch.Tensor, parties: list[list[torch.Tensor]], pr: Protocol,
            shape: tuple, p: Params, gen: torch.Generator, bn: _BNStats | None = None,
-           obs_bn: dict | None = None) -> tuple[torch.Tensor, float]:
+           obs_bn: dict | None = None, prior=None) -> tuple[torch.Tensor, float]:
     """Inverting Gradients over ``p.restarts`` dummy sets at once; returns the best images (M, C, H, W) in
-    [0, 1] and their objective (gradient-matching term, regularisers included)."""
+    [0, 1] and their objective (gradient-matching term, regularisers included). With a ``prior``
+    (attacks/prior.py) the dummy images are ``prior.decode(z)`` and the latents z are optimised."""
     dev, m = y.device, len(y)
     obs = {k: obs[k].detach() for k in params}
-    u = torch.rand((p.restarts, m, *shape), generator=gen).to(dev)
-    z = (torch.logit(u.clamp(0.01, 0.99)) if p.box == "sigmoid" else u).requires_grad_(True)
-    img = (lambda z: torch.sigmoid(z)) if p.box == "sigmoid" else (lambda z: z)
+    if prior is not None:
+        z = prior.init_latents(p.restarts * m, gen).view(p.restarts, m, -1).requires_grad_(True)
+        img = lambda z: prior.decode(z.flatten(0, 1)).view(p.restarts, m, *shape)  # noqa: E731
+    else:
+        u = torch.rand((p.restarts, m, *shape), generator=gen).to(dev)
+        z = (torch.logit(u.clamp(0.01, 0.99)) if p.box == "sigmoid" else u).requires_grad_(True)
+        img = (lambda z: torch.sigmoid(z)) if p.box == "sigmoid" else (lambda z: z)
 
     def objective(x):
         if bn is not None and obs_bn:
@@ -245,7 +258,7 @@ def invert(net, params: dict, obs: dict, y: torch.Tensor, parties: list[list[tor
             return cosine_loss(sim, obs) + p.tv * total_variation(x).mean() + p.bn_prior * bn_term
         return cosine_loss(simulate(net, params, x, y, parties, pr), obs) + p.tv * total_variation(x).mean()
 
-    f = vmap(objective)
+    f = vmap(objective, randomness="different")   # models with dropout (e.g. adapters): masks per restart
     opt = torch.optim.Adam([z], lr=p.lr)
     its = max(1, p.iterations)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, [its * 3 // 8, its * 5 // 8, its * 7 // 8], 0.1)
@@ -263,7 +276,7 @@ def invert(net, params: dict, obs: dict, y: torch.Tensor, parties: list[list[tor
         z.grad = gz.sign()
         opt.step()
         sched.step()
-        if p.box == "clamp":
+        if p.box == "clamp" and prior is None:
             with torch.no_grad():
                 z.clamp_(0, 1)
         if (it + 1) % 1000 == 0:
@@ -288,7 +301,12 @@ class UpdateInversion(Attack):
                "n_estimated": "as the main output, with n_k estimated from the update norm against the attacker's "
                               "own training on public images",
                "n_assumed": "as the main output, with n_k assumed to be one batch (the upload is noised, so its norm "
-                            "says nothing about n_k)"}
+                            "says nothing about n_k; or the method sends no n_k, for a curious client)",
+               "learned": "learned prior: images decoded from the latent space of a VAE trained on the attacker's "
+                          "public images of the held-out domain (another domain than the victims', "
+                          "rotation-augmented); same objective and budget as pixel space"}
+    priors = {"*": "none", "learned": "learned", "n_estimated/learned": "learned", "n_assumed/learned": "learned"}
+    knows = ("architecture", "local_hyperparams")
     Params = Params
 
     def __init__(self, params=None, device: str = "cpu"):
@@ -300,6 +318,8 @@ class UpdateInversion(Attack):
             raise UserError(f"update_inversion: box = {self.p.box!r}; use \"clamp\" or \"sigmoid\"")
         if self.p.restarts < 1 or self.p.iterations < 1:
             raise UserError("update_inversion: restarts and iterations must be >= 1")
+        if self.p.prior not in ("none", "learned"):
+            raise UserError(f"update_inversion: prior = {self.p.prior!r}; use \"none\" or \"learned\"")
         self.adversary = self.p.adversary_view
 
     def _gen(self, *keys) -> torch.Generator:
@@ -320,8 +340,9 @@ class UpdateInversion(Attack):
         return net, params, bn
 
     def attack_update(self, view, theta: dict, after: dict, obs: dict, parties, gen: torch.Generator,
-                      obs_bn: dict | None = None):
-        """Labels then images for one observed (mean) update; returns images, labels, counts per visit."""
+                      obs_bn: dict | None = None, prior=None):
+        """Labels then images for one observed (mean) update; returns images, labels, counts per visit. ``prior``:
+        a learned prior whose latents are optimised instead of pixels (attacks/prior.py)."""
         pr = Protocol.of(view.params)
         net, params, bn = self._prepare(view, theta)
         c, s, _ = view.shape
@@ -341,14 +362,17 @@ class UpdateInversion(Attack):
         labels = np.repeat(np.arange(len(counts)), round_to_total(counts, m))
         labels = labels[torch.randperm(m, generator=gen).numpy()]
         y = torch.as_tensor(labels, device=self.device)
-        x, _ = invert(net, params, obs, y, parties, pr, shape, self.p, gen, bn,
-                      {k: v.to(self.device).float() for k, v in obs_bn.items()} if bn is not None and obs_bn else None)
+        obs_bn = {k: v.to(self.device).float() for k, v in obs_bn.items()} if bn is not None and obs_bn else None
+        x, _ = invert(net, params, obs, y, parties, pr, shape, self.p, gen, bn, obs_bn, prior=prior)
         return x, labels, counts
 
     def run(self, view, aux):
         pr = Protocol.of(view.params)
         rounds = [self.p.rounds] if isinstance(self.p.rounds, int) else list(self.p.rounds)
         outs = []
+        prior = learned_prior(aux.public.x.to(self.device), settings_of(self.p), self.p.seed) \
+            if self.p.prior == "learned" else None
+        tag = lambda how: "/".join(filter(None, (how, "learned" if prior is not None else "")))  # noqa: E731
         if self.p.adversary_view == "server":
             victims = sample_victims(view, view.clients, self.p.max_victims)
             for v in victims:
@@ -376,8 +400,9 @@ class UpdateInversion(Attack):
                     steps, m = schedule(n, pr, self.p.max_images)
                     obs_bn = {(k.rsplit(".", 1)[0], k.rsplit("_", 1)[1]): after[k] for k in after
                               if k.endswith(("running_mean", "running_var"))}
-                    x, labels, counts = self.attack_update(view, theta, after, obs, [steps], self._gen(v, t), obs_bn)
-                    outs.append(Reconstruction(v, "weights", t, x, labels=labels, variant=how))
+                    x, labels, counts = self.attack_update(view, theta, after, obs, [steps], self._gen(v, t), obs_bn,
+                                                           prior)
+                    outs.append(Reconstruction(v, "weights", t, x, labels=labels, variant=tag(how)))
                     visits = sum(len(i) for i in steps)
                     if n is not None and visits >= n:   # the round covered the whole training set
                         outs.append(Estimate(v, "weights", t, "label_counts", counts * n / visits))
@@ -385,10 +410,7 @@ class UpdateInversion(Attack):
         me, k = view.me, len(view.clients)
         others = [c for c in view.clients if c != me]
         n = view.messages(kind="n_samples", sender=me)
-        n = int(n[0].payload["n"]) if n else None
-        if n is None and pr.local_steps <= 0:
-            return [Skipped("+".join(others), "weights", 0, "the curious client sent no n_samples: epoch-based "
-                            "local training cannot be unrolled without a data size")]
+        n, how = (int(n[0].payload["n"]), "") if n else (None if pr.local_steps > 0 else pr.batch_size, "n_assumed")
         for t in self._rounds(view, rounds):
             down = view.messages(kind="weights", sender="server", receiver=me, round=t)
             nxt = view.messages(kind="weights", sender="server", receiver=me, round=t + 1)
@@ -404,8 +426,8 @@ class UpdateInversion(Attack):
                 parties.append(steps)
                 off += m
             after = {key: theta[key].float() + obs[key] for key in obs}
-            x, labels, _ = self.attack_update(view, theta, after, obs, parties, self._gen(me, t))
-            outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels))
+            x, labels, _ = self.attack_update(view, theta, after, obs, parties, self._gen(me, t), prior=prior)
+            outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels, variant=tag(how)))
         return outs
 
     @staticmethod

@@ -8,6 +8,8 @@ Raw scores are saved by the harness to ``mia/<attack>/<run>.npz`` for log-log RO
 Target model (``target_model``): ``"local"`` = the victim's last uploaded weights (the server adversary's view),
 ``"global"`` = the newest global weights on the wire (the last broadcast, i.e. the global model after T-1
 aggregations: the final aggregate is never transmitted; for the last round the two differ by one aggregation).
+With ``"global"`` the adversary is a curious client (the first, or ``as_client``; it is not its own victim): every
+client receives the broadcast, so its cells carry the epsilon of the aggregate, not the per-upload one.
 Every attack here reads ``weights`` artifacts, so it applies to every method that sends a plain model state.
 
 - ``mia_loss`` (Yeom et al. 2018): score = -CE(f(x), y). With ``refs > 0`` also the calibrated loss (variant
@@ -277,8 +279,13 @@ class _Membership(Attack):
     Params = TargetParams
     main = ""                     # the variant the controls judge
 
+    def __init__(self, params=None, device: str = "cpu"):
+        super().__init__(params, device)
+        if self.p.target_model == "global":   # the broadcast model: what every client receives
+            self.adversary = "client"
+
     def victims(self, view, aux) -> list[str]:
-        vs = [c for c in view.clients if c in aux.candidates]
+        vs = [c for c in view.clients if c in aux.candidates and c != view.me]
         return sample_victims(view, vs, self.p.max_victims)
 
     def run(self, view, aux):

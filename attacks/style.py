@@ -172,6 +172,7 @@ class StyleFingerprint(Attack):
     outputs = _outputs({"exact": "exact copies of the candidates (the attacker holds the same image files)",
                         "perturbed": "perturbed copies of the candidates"})
     Params = FingerprintParams
+    rows = {k: "perturbed copies of the candidates" for k in outputs if k.startswith("perturbed")}
 
     def run(self, view, aux):
         enc, proto, label = _encoder(view, self.device)

@@ -17,7 +17,7 @@ import torch
 from .bus import Bus, Payload, decode
 from .data import load_data
 from .errors import UserError
-from .protocol import Client, Reply
+from .protocol import Client, Reply, unlabeled
 
 class _Link:
     """Carries server->client messages and client replies through the bus. Subclasses place the clients and run
@@ -100,7 +100,8 @@ class LocalLink(_Link):
 
 
 def build_host(spec: dict, truth_sink=None) -> Host:
-    """A worker's Host: loads only the domains its clients belong to, then builds those clients.
+    """A worker's Host: loads only the domains its clients belong to, then builds those clients (an adaptation
+    method's target client with its labels masked first, ``protocol.unlabeled``).
     ``spec``: method, data_cfg, clients {id: party index}, threads, cohort, filters, plus the shared context."""
     torch.set_num_threads(spec["threads"])
     from .plugins import load_method
@@ -111,7 +112,8 @@ def build_host(spec: dict, truth_sink=None) -> Host:
         doms = list(dict.fromkeys(c.rpartition("/")[0] if "/" in c else c for c in spec["clients"]))
         cfg = dataclasses.replace(cfg, domains=doms)
     data = load_data(cfg)
-    clients = {c: method.Client(dict(ctx, id=c, party=i, domain=data.domain(c), truth_sink=truth_sink))
+    dom = lambda c: unlabeled(data.domain(c)) if c == ctx.get("target") else data.domain(c)  # noqa: E731
+    clients = {c: method.Client(dict(ctx, id=c, party=i, domain=dom(c), truth_sink=truth_sink))
                for c, i in spec["clients"].items()}
     return Host(clients, Bus(None, ctx.get("run_id", ""), "", filters=ctx.get("filters")), spec["cohort"])
 

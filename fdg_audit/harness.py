@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from . import seeding
-from .api.attack import (ADVERSARIES, AUX, AdversaryView, Audit, Control, Estimate, Predictions, Reconstruction,
-                         Scores, Skipped, view_envelopes)
+from .api.attack import (ADVERSARIES, AUX, CAPABILITIES, PRIORS, AdversaryView, Audit, Control, Estimate,
+                         Predictions, Reconstruction, Scores, Skipped, view_envelopes)
 from .errors import UserError
 from .ledger import Ledger, open_verified
 from .params import resolve_device, safe_name, typed
@@ -52,11 +52,12 @@ class Described:
     aux: tuple
     outputs: dict
     p: Any
+    threat: dict = dataclasses.field(default_factory=dict)   # Attack.threat(): priors, budget, knows, rows
 
     def record(self, entry: str) -> dict:
         """The attack's line in attacks.json."""
         return dict(name=entry, adversary=self.adversary, aux=list(self.aux), consumes=list(self.consumes),
-                    outputs=dict(self.outputs))
+                    outputs=dict(self.outputs), **self.threat)
 
 
 _DESCRIBED: dict = {}   # probe results of this process, by (attack config, device, import path)
@@ -96,7 +97,24 @@ def _checked(d, label: str) -> Described:
     if not isinstance(mv, int) or isinstance(mv, bool) or mv < 0:
         raise UserError(f"attacks.{label}.max_victims = {mv!r}: use 0 (every victim) or a positive integer")
     return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
-                     {str(k): str(v) for k, v in d["outputs"].items()}, p)
+                     {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label))
+
+
+def _threat(t, label: str) -> dict:
+    """An attack's threat-model declarations (``Attack.threat``), checked against the core's vocabulary."""
+    strmap = lambda v: isinstance(v, dict) and all(isinstance(x, str) for kv in v.items() for x in kv)  # noqa: E731
+    budget = t.get("budget", {}) if isinstance(t, dict) else None
+    if not (isinstance(t, dict) and strmap(t.get("priors", {})) and strmap(t.get("rows", {}))
+            and isinstance(budget, dict) and all(isinstance(v, list) and len(v) == 2 and all(
+                isinstance(n, int) and n >= 0 for n in v) for v in budget.values())
+            and isinstance(t.get("knows", []), list)):
+        raise UserError(f"attack {label}: priors, budget, knows and rows do not describe a threat model (see "
+                        "fdg_audit/api/attack.py)")
+    bad = sorted(set(t.get("priors", {}).values()) - set(PRIORS)) + sorted(set(t.get("knows", [])) - set(CAPABILITIES))
+    if bad:
+        raise UserError(f"attack {label}: {bad} not in the priors {PRIORS} or capabilities {sorted(CAPABILITIES)}")
+    return dict(priors=dict(t.get("priors", {})), budget=dict(budget), knows=list(t.get("knows", [])),
+                rows=dict(t.get("rows", {})))
 
 
 def make_attack(cfg: dict, device):

@@ -28,9 +28,14 @@ from .params import TrainParams, make_optimizer
 
 
 def default_build(party) -> torch.nn.Module:
-    """The model zoo's network for the run's ``[model]`` section and image shape."""
+    """The model zoo's network for the run's ``[model]`` section and image shape; on the server of a run with
+    ``model.pretrain_epochs``, loaded with the state pretrained on the public data (``Server.pretrained``)."""
     c, s, _, k = party.shape
-    return build_model(party.model_cfg, c, k, s).to(party.device)
+    net = build_model(party.model_cfg, c, k, s)
+    pre = getattr(party, "pretrained", None)
+    if pre:
+        net.load_state_dict(pre)
+    return net.to(party.device)
 
 
 class MethodPlugin:
@@ -40,7 +45,8 @@ class MethodPlugin:
       ``name``     the registered name (str);
       ``Params``   a dataclass extending ``TrainParams``: its fields are the scenario's ``[method]`` keys;
       ``Server``   a ``Server`` subclass: ``begin()`` (round 0: one-time exchanges), ``step(t)`` (round t >= 1),
-                   optionally ``setup()`` and ``global_model()`` (what the harness evaluates; default ``model``);
+                   optionally ``setup()``, ``global_model()`` (what the harness evaluates; default ``model``) and
+                   ``extra_metrics()`` (the method's own metrics, e.g. personalised accuracy, in metrics.csv);
       ``Client``   a ``Client`` subclass answering the server with ``on_<phase>(msg) -> Reply | None``, optionally
                    ``setup()``; cohort training: ``vmap_phase`` with ``vmap_ok()``, ``vmap_begin(msg)``,
                    ``vmap_end()`` (see ``Client``);
@@ -57,6 +63,19 @@ class MethodPlugin:
                                  none of this holds). Central client-level DP scales each client's noise by rho;
       ``update_stats(params)``   True when the method sends privatized statistics of its update with it (arrays
                                  ``stat/<name>`` in the upload; client-level DP clips and noises them apart);
+      ``public_data``            non-empty: why the method needs the server's public data (``data.public``, on the
+                                 server as ``Server.public``); a run without it is refused (one line, at its start);
+      ``partial_state``          artifact kinds whose arrays are a part of the model's state, named as in its state
+                                 dict (e.g. adapters over a frozen backbone): attacks read each such message as kind
+                                 ``weights``, merged onto the newest full state the adversary saw before it
+                                 (``AdversaryView``), so every attack on weights reads them too;
+      ``adaptation``             False; True for a domain-adaptation method: the federation adds one client for the
+                                 held-out target domain, named like it (``Party.target`` on every party), holding its
+                                 images with every label replaced by -1 before the client is built (``unlabeled``).
+                                 It is not in ``Server.clients`` (the sources, which ``participation`` samples): the
+                                 server reaches it with ``to=[self.target]``. The harness still evaluates on the
+                                 target's true labels and selects the round on source validation only; the run's
+                                 info records ``adaptation`` and the report labels its accuracy domain adaptation;
       any static function the method makes public (a style function, a class code, a generator architecture):
       attacks reach them through ``AdversaryView.protocol`` (Kerckhoffs), never through the method's module.
     """
@@ -68,6 +87,9 @@ class MethodPlugin:
     partial_participation: bool = False
     participation_note: str = "its server expects every client each round"
     dp_sgd_refused: str = ""
+    adaptation: bool = False
+    public_data: str = ""
+    partial_state: tuple = ()
     build = staticmethod(default_build)
 
     @staticmethod
@@ -77,6 +99,11 @@ class MethodPlugin:
     @staticmethod
     def update_stats(params) -> bool:
         return False
+
+
+def unlabeled(dom: Domain) -> Domain:
+    """The held-out domain as an adaptation method's target client holds it: its images and ids, every label -1."""
+    return Domain(dom.name, *(Split(s.x, torch.full_like(s.y, -1), s.idx) for s in (dom.train, dom.val)))
 
 
 @dataclass
@@ -105,6 +132,7 @@ class Party:
         self.model_cfg: ModelConfig = ctx["model_cfg"]
         self.privacy = ctx.get("privacy")     # fdg_audit.privacy.PrivacyConfig or None
         self.shape: tuple[int, int, int, int] = ctx["shape"]   # (channels, size, size, num_classes)
+        self.target: str | None = ctx.get("target")   # the unlabeled target client's id (MethodPlugin.adaptation)
         self.round = 0
         self._root: np.random.SeedSequence = ctx["seedseq"]
         self._index: int = ctx["party"]
@@ -130,7 +158,8 @@ class Party:
 
 
 class Client(Party):
-    """A source domain's party. Owns its data split; answers the server with ``on_<phase>`` handlers."""
+    """A source domain's party (or an adaptation method's unlabeled target: ``self.id == self.target``). Owns its data
+    split; answers the server with ``on_<phase>`` handlers."""
 
     def __init__(self, ctx: dict):
         dom: Domain = ctx["domain"]
@@ -211,12 +240,17 @@ class Client(Party):
 
 
 class Server(Party):
-    """The coordinating party. Holds the global model, owns no data, talks only through ``exchange``."""
+    """The coordinating party. Holds the global model, owns no private data, talks only through ``exchange``.
+    ``public``: the run's public data (``data.public``: a labelled Split of a domain outside the run, recorded on the
+    ledger as one ``public_aux`` envelope) or None; ``pretrained``: the state every model it builds starts from
+    (``model.pretrain_epochs`` on ``public``) or None."""
 
     def __init__(self, ctx: dict):
         self.clients: list[str] = ctx["clients"]
         self.active: list[str] = list(self.clients)   # this round's participants (all unless participation < 1)
         self._link = ctx["link"]
+        self.public: Split | None = ctx.get("public")
+        self.pretrained: dict | None = ctx.get("pretrained")
         super().__init__(ctx)
         self.model = self.new_model()
         self.setup()
@@ -234,6 +268,11 @@ class Server(Party):
     def global_model(self) -> torch.nn.Module:
         """The model the harness evaluates (override for ensembles)."""
         return self.model
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Metrics of the method's own (e.g. personalised accuracy), added to each evaluated round's row of
+        metrics.csv next to the harness's; called after ``global_model()`` is evaluated. Default: none."""
+        return {}
 
     def exchange(self, phase: str, kind: str | None = None, payloads: dict[str, tuple] | None = None,
                  to: list[str] | None = None) -> dict[str, Payload | None]:

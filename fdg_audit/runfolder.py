@@ -72,6 +72,8 @@ class RunInfo:
     final_target_acc: float = float("nan")
     converged: bool = False
     clients: list = field(default_factory=list)
+    adaptation: bool = False      # the held-out domain took part as an unlabeled client: domain adaptation, not DG
+    extra: dict = field(default_factory=dict)   # Server.extra_metrics() at the selected round (e.g. personal_acc)
     error: str = ""
     traceback: str = ""
 

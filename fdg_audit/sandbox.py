@@ -111,7 +111,8 @@ def portrait(atk) -> dict:
     """What the metadata probe (mode "describe") reports of a constructed attack: plain values only."""
     return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
                 aux=list(atk.aux), outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
-                params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)))
+                params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)),
+                threat=json.loads(json.dumps(atk.threat(), default=str)))
 
 
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TMPDIR", "PYTHONSAFEPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",

@@ -98,7 +98,12 @@ def build_aux(data, target: str, need: tuple, seed: int = 0) -> tuple[Aux, dict]
 
 def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple | None]:
     """Join one attack output with the truth: (metric, value, baseline) rows, and for a Reconstruction the
-    (truth, reconstruction, baseline) images as scored (matched and clamped; for the run folder's grids)."""
+    (truth, reconstruction, baseline) images as scored (matched and clamped; for the run folder's grids).
+
+    Domain predictions: client ids are domain names, so whoever knows the victim knows its domain. leakage.csv keeps
+    chance (1/K, a guesser that does not know the victim) as the baseline; the per-item baseline the scorecard pairs
+    with the attack is the known-victim guess (the victim's domain; for an aggregate "a+b" its largest domain), so a
+    scorecard cell reports only what goes beyond the victim's name (a single-domain victim's cell is vacuous)."""
     rows, images = [], None
     add = lambda metric, value, baseline=float("nan"), items=None, base=None: rows.append(  # noqa: E731
         dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
@@ -124,12 +129,15 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple
         bs = M.aligned_psnr(b, xb) if out.aligned else M.psnr(b, xb)
         ss = M.ssim(M.aligned(r, x) if out.aligned else r, x)
         sb = M.ssim(M.aligned(b, xb) if out.aligned else b, xb)
-        ids = _image_ids(idx if out.rows is not None else idx[ci])
-        per = lambda v: I("mean", np.asarray(v, float), ids=ids)  # noqa: E731  (per-image values)
-        add("psnr", ps.mean(), bs.mean(), per(ps), per(bs))
+        # item ids: the true image each value is scored against (the baseline's own matching when matched apart)
+        ids, bids = (_image_ids(idx), _image_ids(idx)) if out.rows is not None else \
+            (_image_ids(idx[ci]), _image_ids(idx[bc]))
+        per = lambda v, i=ids: I("mean", np.asarray(v, float), ids=i)  # noqa: E731  (per-image values)
+        add("psnr", ps.mean(), bs.mean(), per(ps), per(bs, bids))
         add("psnr_max", ps.max(), bs.max())
-        add("ssim", ss.mean(), sb.mean(), per(ss), per(sb))
-        add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0), per(ps >= 25.0), per(bs >= 25.0))
+        add("ssim", ss.mean(), sb.mean(), per(ss), per(sb, bids))
+        add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0), per(ps >= 25.0),
+            per(bs >= 25.0, bids))
         if pred is not None:
             hit = pred == y.numpy()
             add("label_acc", float(hit.mean()), M.chance(aux.num_classes), per(hit))
@@ -146,9 +154,15 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple
         idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
         _, y, doms = truth.images(idx)
         true = y.numpy() if out.attribute == "class" else np.array([aux.domains.index(d) for d in doms])
-        add(f"{out.attribute}_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes),
-            M.chance(out.n_classes), I("balanced_acc", (np.asarray(out.pred) == true).astype(float), true,
-                                       _image_ids(idx)))
+        ids = _image_ids(idx)
+        hit = lambda p: I("balanced_acc", (np.asarray(p) == true).astype(float), true, ids)  # noqa: E731
+        if out.attribute == "class":
+            add("class_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes), M.chance(out.n_classes),
+                hit(out.pred))
+        else:   # leakage.csv: chance; per item (the scorecard's): what the victim's name gives (``score``)
+            guess = np.full(len(true), np.bincount(true).argmax())
+            add("domain_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes), M.chance(out.n_classes),
+                hit(out.pred), hit(guess))
     elif isinstance(out, Estimate):
         y = truth.data.domain(out.victim).train.y.numpy()
         one = lambda v: I("mean", np.array([float(v)]), ids=_image_ids([0], out.victim))  # noqa: E731  (item: victim)

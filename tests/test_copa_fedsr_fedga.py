@@ -282,4 +282,5 @@ def test_all_methods_scenario_plans():
     from fdg_audit.scenario import load_raw
     runs_ = plan(load_raw(Path(__file__).parents[1] / "scenarios" / "all_methods.toml"))
     names = {r["method"].label for r in runs_}
-    assert names == {"fedavg", "feddg", "csac", "ccst", "fpl", "fedadg", "copa", "fedsr", "fedga"}
+    assert names == {"fedavg", "feddg", "csac", "ccst", "fpl", "fedadg", "copa", "fedsr", "fedga", "fada",
+                     "perada"}

@@ -117,6 +117,10 @@ def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
     assert all(r["status"] == "ok" for r in loss)
     traj = {r["output"] for r in rows if r["attack"] == "mia_trajectory"}
     assert traj == {"slope", "last", "mean"}
+    # the global model is what a curious client receives: the first client (rot15) attacks, and not itself
+    traj_auc = [r for r in rows if r["attack"] == "mia_trajectory" and r["metric"] == "auc"]
+    assert {r["victim"] for r in traj_auc} == {"rot30"}
+    assert {r["adversary"] for r in traj_auc} == {"rot15"} and {r["adversary"] for r in loss} == {"server"}
     z = np.load(root / "mia" / "mia_loss" / "rotated__fedavg__rot0__s0.npz")
     assert set(z.files) == {"score", "member", "victim", "variant", "round"}
     assert len(z["score"]) == len(z["member"]) == len(z["victim"])

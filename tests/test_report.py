@@ -494,3 +494,17 @@ def test_the_verdict_says_what_was_measured_distinguished_and_not_resolved():
     assert "membership (server): not measurable" in dg and "reconstruction (server): no reconstruction at this budget" in dg
     assert "domain (client) against fedavg: not testable (n = 2" in dg and "Distinguishable" not in dg
     assert "Held-out accuracy 0.400 [0.350, 0.450]; Δ fedavg -0.100 [-0.150, -0.050] (n = 6, distinguishable)" in dg
+
+
+def test_accuracy_table_carries_what_a_method_reports_itself():
+    """Server.extra_metrics at the selected round (RunInfo.extra, e.g. PerAda's personalised accuracy) reaches the
+    accuracy table with its interval over runs, only where every run of the group reports it."""
+    from fdg_audit.report import tables as T
+    runs = [dict(run=f"d/m/t/s{s}", dataset="d", method="m", variant="", target="t", seed=s, status="ok",
+                 target_acc=0.5, extra={"personal_acc": v}) for s, v in enumerate((0.6, 0.7, 0.8))]
+    runs.append(dict(run="d/n/t/s0", dataset="d", method="n", variant="", target="t", seed=0, status="ok",
+                     target_acc=0.4, extra={}))
+    rows = {r["method"]: r for r in T.accuracy_table(T.Results(roots=[], runs=runs))}
+    (st, (m, lo, hi, n)), = rows["m"]["extra"].values()
+    assert n == 3 and abs(m - 0.7) < 1e-9 and lo < 0.7 < hi
+    assert rows["n"]["extra"] == {}

@@ -243,3 +243,225 @@ def test_attack_seed_and_target_filters(tmp_path):
     with pytest.raises(UserError, match=r"attacks.mia_loss.seeds = \[3\]"):
         run_scenario(str(f), out=str(tmp_path / "runs"), quiet=True)
     assert not (tmp_path / "runs").exists()          # refused before anything ran
+
+
+# ---------------------------------------------------------------- issue 19: every leakage number on equal terms
+
+def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg"):
+    """scorecard rows {(method, harm, setting): row} of a hand-made folder: ``per_run(run dict) -> [(attack, row)]``
+    with row = dict(victim, output, metric, items, base_items); ``attacks``: attacks.json."""
+    import json
+
+    from fdg_audit.report import scorecard as SC
+    from fdg_audit.report import tables as T
+    from fdg_audit.runfolder import RunFolder
+    from test_report import LEAK_FIELDS, fabricate, leak_row, write_csv
+    root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: 0.5, extra=False, seeds=seeds, reference=reference)
+    leak = []
+    for r in json.loads((root / "summary.json").read_text())["runs"]:
+        if r["status"] != "ok":
+            continue
+        by = {}
+        for attack, row in per_run(r):
+            by.setdefault(attack, []).append(dict(run=r["run"], attack=attack, adversary="server",
+                                                  artifact="weights", round=0, status="ok") | row)
+            b = row["base_items"]
+            leak.append(leak_row(r["run"], attack, "weights", row["victim"], 0, row["metric"],
+                                 float(row["items"].stat()), float(b.stat()) if b else 0.5, output=row["output"]))
+        for attack, rows in by.items():
+            RunFolder(root).save_items(attack, r["run"], rows)
+    write_csv(root / "leakage.csv", leak, LEAK_FIELDS)
+    if attacks:
+        (root / "attacks.json").write_text(json.dumps(attacks))
+    card = SC.scorecard(T.load([root]))
+    return {(r["method"], r["harm"], r["setting"]): r for r in card}, root
+
+
+def _psnr(victim, x, b, output=""):
+    return dict(victim=victim, output=output, metric="psnr", items=S.Items("mean", np.asarray(x, float),
+                ids=np.arange(len(x))), base_items=S.Items("mean", np.asarray(b, float), ids=np.arange(len(b))))
+
+
+DESC = dict(name="x:Y", adversary="server", aux=["public"], consumes=["weights"],
+            outputs={"": "pixels", "frame": "a known frame", "gen": "the data set's generator"},
+            priors={"*": "none", "frame": "layout", "gen": "oracle"}, budget={"*": [400, 2], "gen": [50, 4]},
+            knows=["architecture", "local_hyperparams"], rows={})
+
+
+def test_a_cell_below_its_own_baseline_reads_so_and_has_no_delta(tmp_path):
+    """The reference beats its baseline, this cell does not: "no reconstruction at this budget", no Δ, and the
+    verdict does not list it as a leak."""
+    rng = np.random.default_rng(0)
+    cell, _ = _card(tmp_path, lambda r: [("pr", _psnr("B", rng.normal(8 if r["method"] == "feddg" else 20, 1, 40),
+                                                      rng.normal(11, 1, 40)))])
+    dg, avg = cell[("feddg", "reconstruction", "")], cell[("fedavg", "reconstruction", "")]
+    assert avg["reading"] == "" and dg["reading"] == "no reconstruction at this budget"
+    assert dg["diff_ref"] == dg["diff_call"] == dg["reference"] == ""
+    from fdg_audit.report import clears
+    assert clears(avg) and not clears(dg)
+
+
+def test_psnr_headlines_and_every_interval_stay_within_0_and_the_cap(tmp_path):
+    """Near-exact reconstructions spread around the 60 dB cap on one run (the bootstrap interval), and a failing
+    attack near 0 dB: value, success share, median and baseline intervals all stay in range; the success share and
+    median are the held-out images' own."""
+    rng = np.random.default_rng(1)
+    level = {"fedavg": 2.0, "feddg": 59.0}
+    cell, _ = _card(tmp_path, lambda r: [("pr", _psnr("B", np.clip(rng.normal(level[r["method"]], 8, 40), 0, 60),
+                                                      np.clip(rng.normal(1, 3, 40), 0, 60)))], seeds=(0,))
+    for m in level:
+        r = cell[(m, "reconstruction", "")]
+        for k in ("ci", "success_ci", "median_ci", "baseline_ci"):
+            lo, hi = float(r[f"{k}_low"]), float(r[f"{k}_high"])
+            top = 1.0 if k == "success_ci" else 60.0
+            assert 0.0 <= lo <= hi <= top, (m, k, lo, hi)
+        assert 0 <= float(r["success_25dB"]) <= 1 and 0 <= float(r["median"]) <= 60
+    assert float(cell[("feddg", "reconstruction", "")]["success_25dB"]) > 0.9
+    assert float(cell[("fedavg", "reconstruction", "")]["success_25dB"]) < 0.1
+
+
+def test_the_baseline_is_the_chosen_victims_own_on_the_same_half(tmp_path):
+    """Victim C leaks (30 dB) against a dark baseline (5 dB); victim B does not (12 dB) against a bright one (20 dB).
+    The baseline paired with C's value is C's own (about 5 dB), not the strongest baseline of any victim."""
+    rng = np.random.default_rng(2)
+    cell, _ = _card(tmp_path, lambda r: [("pr", _psnr("B", rng.normal(12, 1, 40), rng.normal(20, 1, 40))),
+                                         ("pr", _psnr("C", rng.normal(30, 1, 40), rng.normal(5, 1, 40)))])
+    r = cell[("feddg", "reconstruction", "")]
+    assert 29 < float(r["value"]) < 31 and 4 < float(r["baseline"]) < 6
+
+
+def test_reconstruction_cells_state_prior_budget_and_capabilities_and_the_oracle_is_never_the_headline(tmp_path):
+    """attacks.json declares each output's prior and budget: the oracle output (60 dB) is left out of the headline
+    and labelled in the per-victim table; a layout output is the headline with its prior, budget and capabilities;
+    Δ only between cells of the same attack, prior and budget."""
+    rng = np.random.default_rng(3)
+
+    def per_run(r):
+        out = [("pr", _psnr("B", np.full(40, 59.0), rng.normal(11, 1, 40), output="gen"))]
+        frame = r["method"] == "feddg"   # FedDG's cell is won by the layout prior, FedAvg's by no prior
+        out.append(("pr", _psnr("B", rng.normal(30 if frame else 15, 1, 40), rng.normal(11, 1, 40), output="frame")))
+        out.append(("pr", _psnr("B", rng.normal(15 if frame else 25, 1, 40), rng.normal(11, 1, 40))))
+        return out
+    cell, root = _card(tmp_path, per_run, attacks={"pr": DESC})
+    dg, avg = cell[("feddg", "reconstruction", "")], cell[("fedavg", "reconstruction", "")]
+    assert (dg["prior"], dg["budget"]) == ("layout", "400x2") and (avg["prior"], avg["budget"]) == ("none", "400x2")
+    assert 29 < float(dg["value"]) < 31 and 24 < float(avg["value"]) < 26          # never the 59 dB oracle
+    assert dg["capabilities"] == "architecture+local_hyperparams+public_data+layout"
+    assert avg["capabilities"] == "architecture+local_hyperparams+public_data"
+    assert dg["diff_ref"] == ""                                                     # different priors: no Δ
+    from fdg_audit.report import scorecard as SC
+    from fdg_audit.report import tables as T
+    from fdg_audit.report.threat import capabilities
+    assert capabilities(DESC, "gen") == "architecture+local_hyperparams+public_data+generator"
+    assert {r["output"] for r in SC.per_victim(T.load([root])) if r["oracle"]} == {"gen"}
+    from fdg_audit.report import write_report
+    md = write_report([root], tmp_path / "out").read_text()
+    assert "| gen (oracle: upper bound) |" in md and "prior layout; budget 400x2; knows architecture" in md
+
+
+def _auc_row(victim, n, shift, rng, output=""):
+    """A victim's membership scores: n members N(shift, 1), n non-members N(0, 1); ids salted by the victim as the
+    scorer does."""
+    from fdg_audit.scoring import _image_ids
+    y = np.r_[np.ones(n), np.zeros(n)].astype(int)
+    return dict(victim=victim, output=output, metric="auc", base_items=None,
+                items=S.Items("auc", rng.normal(0, 1, 2 * n) + shift * y, y, _image_ids(np.arange(2 * n), victim)))
+
+
+def test_a_small_membership_pool_is_not_resolvable_and_never_distinguishable(tmp_path):
+    """6 runs x 2 victims x 40 candidates: the pooled held-out half has < 500 members, so the cell says "not
+    resolvable" with its smallest detectable AUC (Hanley-McNeil, power 0.8 at alpha 0.05), a strong Δ to the
+    reference is printed but "not resolvable", TPR@0.1% FPR is not given (< 1000 non-members)."""
+    from fdg_audit.metrics import membership as MM
+    rng = np.random.default_rng(4)
+    shift = {"fedavg": 0.8, "feddg": 2.5}
+    cell, root = _card(tmp_path, lambda r: [("mia", _auc_row(v, 20, shift[r["method"]], rng)) for v in "BC"])
+    dg = cell[("feddg", "membership", "")]
+    n1, n0 = int(dg["pool_members"]), int(dg["pool_nonmembers"])
+    assert 0 < n1 < 500 and 0 < n0 < 500 and n1 + n0 == int(dg["n_items"])
+    assert float(dg["min_auc"]) == pytest.approx(MM.min_detectable_auc(n1, n0))
+    assert dg["reading"].startswith("not resolvable") and f"{float(dg['min_auc']):.3f}" in dg["reading"]
+    assert dg["tpr@0.001fpr"] == "" and (dg["tpr@0.01fpr"] != "") == (n0 >= 100)
+    assert dg["diff_ref"] != "" and dg["diff_call"] == "not resolvable" and dg["diff_p_holm"] == ""
+    from fdg_audit.report import write_report
+    md = write_report([root], tmp_path / "out").read_text()
+    verdict = md.split("## Verdict")[1].split("## Privacy scorecard")[0]
+    assert "membership (server): not resolvable" in verdict and "istinguishable from" not in verdict
+
+
+def test_a_large_membership_pool_resolves_and_gives_low_fpr_tprs(tmp_path):
+    rng = np.random.default_rng(5)
+    cell, _ = _card(tmp_path, lambda r: [("mia", _auc_row(v, 400, 3.0, rng)) for v in "BC"])
+    dg = cell[("feddg", "membership", "")]
+    assert int(dg["pool_members"]) >= 500 and int(dg["pool_nonmembers"]) >= 1000 and dg["reading"] == ""
+    assert float(dg["tpr@0.01fpr"]) > 0.5 and dg["tpr@0.001fpr"] != "" and float(dg["min_auc"]) < 0.54
+
+
+def test_min_detectable_auc_has_its_power():
+    """At the smallest detectable AUC for 100 + 100, a one-sided test against 0.5 rejects 80% of the time (binormal
+    scores), and the size shrinks the detectable AUC towards 0.5."""
+    from scipy.stats import norm
+
+    from fdg_audit.metrics import membership as MM
+    a = MM.min_detectable_auc(100, 100)
+    assert 0.55 < a < 0.65 and MM.min_detectable_auc(500, 500) < a and MM.min_detectable_auc(1, 1) == 1.0
+    rng = np.random.default_rng(6)
+    crit = 0.5 + norm.ppf(0.95) * MM.hanley_mcneil_se(0.5, 100, 100)
+    y = np.r_[np.ones(100), np.zeros(100)].astype(int)
+    hits = [S.Items("auc", rng.normal(0, 1, 200) + np.sqrt(2) * norm.ppf(a) * y, y).stat() > crit for _ in range(800)]
+    assert 0.75 <= np.mean(hits) <= 0.85
+
+
+def test_a_domain_the_victims_name_gives_is_vacuous(tmp_path):
+    """Domain predictions of a single-domain victim: the known-victim baseline is 1.0, so a perfect attack is
+    "vacuous", never a leak and never a Δ."""
+    def dom(r):
+        true = np.zeros(30, int)   # every row of the victim is from its own domain
+        hit = lambda p: S.Items("balanced_acc", (p == true).astype(float), true, np.arange(30))  # noqa: E731
+        return [("st", dict(victim="B", output="", metric="domain_balanced_acc", items=hit(true),
+                            base_items=hit(np.zeros(30, int))))]
+    cell, _ = _card(tmp_path, dom)
+    for m in ("fedavg", "feddg"):
+        r = cell[(m, "domain", "")]
+        assert float(r["baseline"]) == 1.0 and r["reading"].startswith("vacuous") and r["diff_ref"] == ""
+
+
+def test_outputs_declared_apart_get_their_own_row(tmp_path):
+    """A fingerprint's exact copies compete in the membership row; its perturbed copies (``rows``) form a row of
+    their own setting and never compete for the headline."""
+    rng = np.random.default_rng(7)
+    desc = dict(name="x:Y", adversary="server", aux=["candidates"], consumes=["weights"],
+                outputs={"exact": "exact copies", "perturbed": "perturbed copies"}, priors={}, budget={}, knows=[],
+                rows={"perturbed": "perturbed copies"})
+    cell, _ = _card(tmp_path, lambda r: [("fp", _auc_row(v, 30, s, rng, output=o)) for v in "BC"
+                                         for o, s in (("exact", 6.0), ("perturbed", 1.0))], attacks={"fp": desc})
+    main, apart = cell[("feddg", "membership", "")], cell[("feddg", "membership", "perturbed copies")]
+    assert float(main["value"]) > 0.99 and 0.65 < float(apart["value"]) < 0.9
+    assert main["capabilities"] == apart["capabilities"] == "candidates"
+
+
+def test_attacks_declare_their_threat_model_for_attacks_json():
+    """Attack.threat resolves the declarations against the parameters (default budget: iterations x restarts); the
+    harness refuses a prior or capability outside the contract's vocabulary."""
+    from dataclasses import dataclass
+
+    from fdg_audit.api.attack import AttackParams
+    from fdg_audit.errors import UserError
+    from fdg_audit.harness import _threat
+
+    @dataclass
+    class P(AttackParams):
+        iterations: int = 30
+        restarts: int = 3
+        stages: list = None
+
+    class A(Attack):
+        name, consumes, Params = "a", ("weights",), P
+        priors = {"*": "none"}
+    assert A().threat() == dict(priors={"*": "none"}, budget={"*": [30, 3]}, knows=[], rows={})
+    A.budget = {"*": (("iterations", "stages"), "")}
+    assert A(P(stages=[5, 7])).threat()["budget"] == {"*": [42, 1]}
+    with pytest.raises(UserError, match="not in the priors"):
+        _threat(dict(priors={"*": "psychic"}), "a")
+    with pytest.raises(UserError, match="not in the priors"):
+        _threat(dict(knows=["telepathy"]), "a")

@@ -9,6 +9,18 @@ An attack plugin is a subclass of ``Attack`` with
   reason) and ``control() -> list[Control]`` (positive controls that must succeed and negative controls that
   must stay at chance, on data the attack builds itself; any failed control turns the attack's numbers into
   "not measurable").
+Optional threat-model declarations (defaults: nothing declared), read by the metadata probe into attacks.json for the
+scorecard's ``prior``, ``budget`` and ``capabilities`` columns (``Attack.threat``):
+  ``priors`` ({output variant: one of ``PRIORS``}; key "*" = every variant): the image prior of a reconstruction
+  output. "none": box/smoothness only; "layout": the data set's public support or frame; "learned": a generative model
+  trained on the attacker's declared public data; "oracle": the data set's own generator (an upper bound, never the
+  scorecard's headline). ``budget`` ({output variant or "*": (iteration params, restart param)}): the names of the
+  ``Params`` fields whose sum is the iteration count and the one that counts restarts ("" = one start); default
+  ``{"*": (("iterations",) or ("steps",), "restarts" or "")}`` from the fields ``Params`` has. ``knows``: the
+  capabilities (``CAPABILITIES``, the gradient-inversion SoK's vocabulary as LeakPro encodes it) the attack uses
+  beyond what ``aux`` and its priors imply. ``rows`` ({output variant: setting in words}): outputs the scorecard
+  reports in a row of their own (a weaker attacker's setting, e.g. perturbed copies), never competing with the
+  attack's other outputs for the harm's headline.
 It sees only the ``AdversaryView`` (what that adversary received or sent) and the ``Aux`` it declared. Ground
 truth never reaches ``run``: the scorer (fdg_audit.scoring) joins outputs with truth, and the metric registry
 (fdg_audit.metrics.registry) says which harm each scored metric measures. An attack applies to a run when its
@@ -25,12 +37,26 @@ import torch
 
 from .. import seeding
 from ..data import Split
+from ..errors import UserError
 from ..ledger import Ledger
 from ..models import ModelConfig
 from ..protocol import load_arrays
 
 ADVERSARIES = ("server", "client", "eavesdropper")
 AUX = ("public", "domain_samples", "candidates", "layout")
+PRIORS = ("none", "layout", "learned", "oracle")   # image priors of a reconstruction, weakest first
+ORACLE = PRIORS[-1]
+CAPABILITIES = {   # what the attacker knows (the gradient-inversion SoK's threat-model flags, as LeakPro encodes them)
+    "architecture": "the model architecture",
+    "local_hyperparams": "the clients' local hyper-parameters (optimizer, lr, batch size, local steps)",
+    "bn_statistics": "BatchNorm running statistics",
+    "public_data": "public (surrogate) data",
+    "candidates": "the candidate images (members and non-members)",
+    "layout": "the data set's layout (support or frame)",
+    "generator": "the data set's own generator",
+}
+IMPLIED = {"public": "public_data", "domain_samples": "public_data", "candidates": "candidates", "layout": "layout",
+           PRIORS[1]: "layout", PRIORS[2]: "public_data", ORACLE: "generator"}   # aux name or prior -> capability
 
 
 @dataclass
@@ -158,6 +184,10 @@ class Attack:
     adversary = "server"
     aux: tuple = ()
     outputs: dict = {}            # output variant -> what it assumes, in words ("" = the attack's main output)
+    priors: dict = {}             # output variant ("*": all) -> one of PRIORS (reconstructions; module doc)
+    budget: dict = {}             # output variant ("*": all) -> (iteration params, restart param); {} = default
+    knows: tuple = ()             # CAPABILITIES used beyond those aux and priors imply
+    rows: dict = {}               # output variant -> a setting the scorecard reports in a row of its own
     Params = AttackParams
 
     def __init__(self, params=None, device: str = "cpu"):
@@ -170,15 +200,30 @@ class Attack:
     def control(self) -> list[Control]:
         return []
 
+    def threat(self) -> dict:
+        """The declarations above resolved against the parameters, as plain values for attacks.json:
+        {"priors": {variant: prior}, "budget": {variant: [iterations, restarts]}, "knows": [...], "rows": {...}}."""
+        fields = dataclasses.asdict(self.p)
+        total = lambda names: int(sum(sum(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
+                                      for v in (fields[n] for n in names)))
+        spec = self.budget or {"*": (tuple(n for n in ("iterations", "steps") if n in fields)[:1],
+                                     "restarts" if "restarts" in fields else "")}
+        budget = {v: [total(its), int(fields[r]) if r else 1] for v, (its, r) in spec.items() if its}
+        return dict(priors={str(k): str(v) for k, v in self.priors.items()}, budget=budget,
+                    knows=[str(k) for k in self.knows], rows={str(k): str(v) for k, v in self.rows.items()})
+
 
 def federate(method: str, params, model_cfg, clients: dict[str, tuple[Split, Split]], num_classes: int,
-             seed: int = 0, device="cpu", run_id: str = "shadow") -> AdversaryView:
+             seed: int = 0, device="cpu", run_id: str = "shadow", public: Split | None = None) -> AdversaryView:
     """Run a protocol on data the attacker chose and return the server's view of that run.
 
     ``clients[name] = (train, val)``: one client per entry (named like the observed clients when the run is to
     mirror them); ``params`` is the method's Params or its dict (``view.params``). The run goes through the
     same engine as every recorded run (``run_federation``), with a ``MemoryLedger``; the harness evaluates it
-    on the pooled validation splits. For reference/shadow models (membership inference, property inference)."""
+    on the pooled validation splits. For reference/shadow models (membership inference, property inference).
+    ``public``: the shadow server's public data (``data.public``) where the method needs it (``public_data``) or the
+    model pretrains on it (``model.pretrain_epochs``); default the pooled validation images, which no client trains
+    on (an approximation: the observed run's public domain is not in the view)."""
     from ..data import DataConfig, Domain, DomainSet
     from ..federation import RunSpec, run_federation
     from ..ledger import MemoryLedger
@@ -190,6 +235,8 @@ def federate(method: str, params, model_cfg, clients: dict[str, tuple[Split, Spl
                np.concatenate([v.idx for _, v in clients.values()]))
     data = DomainSet("attacker", [Domain(c, tr, va) for c, (tr, va) in clients.items()] + [Domain("_eval", ev, ev)],
                      num_classes, x0.shape[1], x0.shape[-1])
+    if m.public_data or getattr(model_cfg, "pretrain_epochs", 0):
+        data.public, data.public_name = ev if public is None else public, "_public"
     spec = RunSpec(run_id, method, params, DataConfig(), model_cfg, "_eval", seed, str(device))
     ledger = MemoryLedger()
     res = run_federation(spec, ledger, data)
@@ -216,6 +263,31 @@ class Message:
         return type(p)({k: v for k, v in p.arrays.items() if not k.startswith("stat/")}, p.scalars)
 
 
+@dataclass
+class Merged(Message):
+    """A message of a partial-state kind (``MethodPlugin.partial_state``, e.g. adapters) read as kind ``weights``:
+    its envelope with that kind, its payload the newest full state (``weights``) the adversary observed before it with
+    the message's arrays on top. The original message stays in the view under its own kind."""
+    part: Any = None
+    base: Any = None
+
+    @property
+    def payload(self):
+        p = self.part.payload
+        return type(p)({**self.base.payload.arrays, **p.arrays}, p.scalars)
+
+
+def merged_states(msgs: list, kinds) -> list:
+    """A ``Merged`` copy of each message of the partial-state ``kinds`` that has a full state before it."""
+    out, base = [], None
+    for m in sorted(msgs, key=lambda m: m.seq):
+        if m.kind == "weights":
+            base = m
+        elif m.kind in kinds and base is not None:
+            out.append(Merged(dataclasses.replace(m.env, kind="weights"), m._ledger, m, base))
+    return out
+
+
 def view_envelopes(ledger: Ledger, run_id: str, adversary: str, me: str) -> list:
     """The envelopes of run ``run_id`` that ``me`` observed: all for an eavesdropper, else those it sent or got."""
     envs = ledger.select(run=run_id)
@@ -226,7 +298,9 @@ class AdversaryView:
     """What one adversary observed in one run, plus the public protocol description (Kerckhoffs).
 
     Messages whose payload the run did not keep (its ``store``/``store_rounds`` policy) are left out; a payload
-    that was kept but is now missing or altered is an error (the run folder is damaged), never a silent gap."""
+    that was kept but is now missing or altered is an error (the run folder is damaged), never a silent gap.
+    Messages of the method's ``partial_state`` kinds (e.g. adapters) are also listed as kind ``weights``, merged
+    onto the newest full state observed before them (``Merged``), so attacks on weights read them as whole models."""
 
     def __init__(self, ledger: Ledger, run: dict, adversary: str, me: str, device):
         self.run_id, self.method, self.params = run["run_id"], run["plugin"], run["params"]
@@ -237,6 +311,16 @@ class AdversaryView:
         self.me = me
         self._msgs = [Message(e, ledger) for e in view_envelopes(ledger, self.run_id, adversary, me)
                       if ledger.stored(e)]
+        if any(m.kind == "weights" for m in self._msgs):   # partial states read as full ones (Merged)
+            self._msgs += merged_states(self._msgs, self._partial_kinds())
+
+    def _partial_kinds(self) -> tuple:
+        """The method's ``partial_state`` kinds; none when its plugin cannot be loaded here (an attack that needs
+        the model then meets the plugin's own error)."""
+        try:
+            return tuple(getattr(self.protocol, "partial_state", ()))
+        except UserError:
+            return ()
 
     def messages(self, **match) -> list[Message]:
         """Observed messages whose envelope fields equal the given values (lists mean any of)."""

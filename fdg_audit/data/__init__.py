@@ -4,31 +4,68 @@ folders, and gzipped IDX files.
 Every loader returns a ``DomainSet``: one ``Domain`` per domain, each with a train and a val ``Split``.
 Splits are fixed by ``split_seed`` (part of the dataset definition, not of a run), and every image carries
 an id (``Split.idx``) that is unique within the DomainSet, so audits can tell members from non-members.
+
+Public data (``data.public = "<domain>"``): one more domain of the family, loaded like the others and then taken out
+of the run's domains into ``DomainSet.public`` (its train and val images, labelled), for the server
+(``Server.public``). Every loader gives each domain its own images (digits, mnist and idx cut one seeded permutation
+into a chunk per domain of the family, folders are separate trees), so the public images are disjoint from every
+source's and target's; the "standard" protocol, which rotates the same digits into every domain, is refused.
 """
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+import torch
+
 from .base import (DATASETS, FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, Split, _validate,  # noqa: F401
                    select_domains, skew_labels, split_clients, split_domain)
+from fdg_audit.errors import UserError
+
+
+def family_names(cfg: DataConfig) -> list[str] | None:
+    """Every domain cfg's dataset offers (None when the loader itself will refuse the settings)."""
+    if cfg.dataset == "folder":
+        from pathlib import Path
+        from .folders import scan
+        return scan(Path(cfg.root).expanduser())[0] if cfg.root else None
+    from .digits import FAMILIES
+    return FAMILIES.get(cfg.family)
 
 
 def load_data(cfg: DataConfig) -> DomainSet:
     """Build the DomainSet that cfg describes (nothing is downloaded or cached)."""
     _validate(cfg)
-    if cfg.dataset == "mnist":
-        from .mnist import load_mnist_domains
-        ds = load_mnist_domains(cfg)
-    elif cfg.dataset == "digits":
-        from .digits import load_digits_domains
-        ds = load_digits_domains(cfg)
-    elif cfg.dataset == "idx":
-        from .idx import load_idx_domains
-        ds = load_idx_domains(cfg)
+    if cfg.public:
+        names = family_names(cfg)
+        if names is not None and cfg.public not in names:
+            raise UserError(f"data.public = {cfg.public!r} is not a domain of this dataset: use one of "
+                            f"{', '.join(n for n in names if n not in cfg.domains)} outside data.domains")
+        run = list(cfg.domains) or [n for n in (names or []) if n != cfg.public]
+        ds = _load(dataclasses.replace(cfg, public="", domains=run + [cfg.public]))
+        pub = ds.domains.pop()
+        ds.public_name = pub.name
+        ds.public = Split(torch.cat([pub.train.x, pub.val.x]), torch.cat([pub.train.y, pub.val.y]),
+                          np.concatenate([pub.train.idx, pub.val.idx]))
     else:
-        from .folders import load_folder_domains
-        ds = load_folder_domains(cfg)
+        ds = _load(cfg)
     ds = skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
     ds.clients_per_domain, ds.client_alpha, ds.split_seed = cfg.clients_per_domain, cfg.client_alpha, cfg.split_seed
     return ds
+
+
+def _load(cfg: DataConfig) -> DomainSet:
+    if cfg.dataset == "mnist":
+        from .mnist import load_mnist_domains
+        return load_mnist_domains(cfg)
+    if cfg.dataset == "digits":
+        from .digits import load_digits_domains
+        return load_digits_domains(cfg)
+    if cfg.dataset == "idx":
+        from .idx import load_idx_domains
+        return load_idx_domains(cfg)
+    from .folders import load_folder_domains
+    return load_folder_domains(cfg)
 
 
 __all__ = ["DATASETS", "DataConfig", "Domain", "DomainSet", "Split", "load_data", "FASHION_MNIST_ROOT"]

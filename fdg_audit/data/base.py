@@ -45,6 +45,8 @@ class DomainSet:
     client_alpha: float = 0.0     # 0: IID client split; > 0: Dirichlet(alpha) label skew across a domain's clients
     split_seed: int = 0
     layout: dict = field(default_factory=dict)   # the public generator of the domains, for layout priors (see Aux)
+    public: Split | None = None   # data.public: the server's public domain (train + val, labelled), not a run domain
+    public_name: str = ""
 
     @property
     def names(self) -> list[str]:
@@ -58,6 +60,9 @@ class DomainSet:
         dom, _, k = name.rpartition("/")
         if dom in self.names and k.isdigit() and int(k) < self.clients_per_domain:
             return self.clients(dom)[int(k)]
+        if name and name == self.public_name:
+            raise UserError(f"domain {name!r} is data.public (the server's public data), not a source or target: "
+                            f"use one of {', '.join(self.names)}")
         raise UserError(f"unknown domain {name!r} in dataset {self.name}: use one of {', '.join(self.names)}")
 
     def clients(self, domain: str) -> list[Domain]:
@@ -92,6 +97,8 @@ class DataConfig:
     label_skew: float = 0.0  # > 0: per-domain class proportions of the TRAIN splits ~ Dirichlet(label_skew); 0 = off
     clients_per_domain: int = 1  # split each source domain into this many clients, named "<domain>/<k>"
     client_alpha: float = 0.0    # 0: IID client split; > 0: class proportions across a domain's clients ~ Dirichlet
+    public: str = ""  # a domain of the same family held by the server as public data (DomainSet.public), neither source
+                      # nor target; its images are disjoint from every run domain's ("" = none)
 
 
 def split_domain(name: str, x: torch.Tensor, y: np.ndarray, ids: np.ndarray, val_fraction: float, seed) -> Domain:
@@ -154,6 +161,12 @@ def _validate(cfg: DataConfig) -> None:
                         f"concentration > 0, e.g. 0.5 (smaller = more label skew between clients)")
     if isinstance(cfg.domains, str):
         raise UserError(f"data.domains = {cfg.domains!r} is a string: write a list, e.g. [\"rot0\", \"rot15\"]")
+    if cfg.public and cfg.public in cfg.domains:
+        raise UserError(f"data.public = {cfg.public!r} is also in data.domains: the public domain must be neither a "
+                        f"source nor a target; drop it from data.domains or pick another")
+    if cfg.public and cfg.protocol == "standard":
+        raise UserError("data.public with data.protocol = \"standard\": that protocol rotates the same digits into "
+                        "every domain, so the public images would be the clients' own: use protocol = \"disjoint\"")
 
 
 def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
@@ -171,7 +184,8 @@ def skew_labels(ds: DomainSet, alpha: float, seed: int) -> DomainSet:
             keep[rng.permutation(members)[:int(round(len(members) * p[c] / p.max()))]] = True
         sel = torch.as_tensor(np.flatnonzero(keep))
         out.append(Domain(d.name, Split(d.train.x[sel].contiguous(), d.train.y[sel], d.train.idx[sel.numpy()]), d.val))
-    return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size, layout=ds.layout)
+    return DomainSet(ds.name, out, ds.num_classes, ds.channels, ds.size, layout=ds.layout, public=ds.public,
+                     public_name=ds.public_name)
 
 
 def _cut(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:

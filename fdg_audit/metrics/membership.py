@@ -58,6 +58,52 @@ def tpr_at_fpr(scores, labels, fpr):
     return float(t[f <= fpr + 1e-12].max())
 
 
+MIN_POOL = 500   # members and non-members each: below this a membership cell is "not resolvable"
+
+
+def hanley_mcneil_se(auc_value, n_members, n_nonmembers):
+    """Standard error of an empirical AUC (Hanley & McNeil 1982) with n1 members and n0 non-members:
+    Var = [A(1 - A) + (n1 - 1)(Q1 - A^2) + (n0 - 1)(Q2 - A^2)] / (n1 n0), Q1 = A / (2 - A), Q2 = 2 A^2 / (1 + A).
+    At A = 0.5 it is sqrt((1/4 + (n1 + n0 - 2)/12) / (n1 n0))."""
+    a, n1, n0 = np.asarray(auc_value, float), float(n_members), float(n_nonmembers)
+    q1, q2 = a / (2 - a), 2 * a ** 2 / (1 + a)
+    return np.sqrt((a * (1 - a) + (n1 - 1) * (q1 - a ** 2) + (n0 - 1) * (q2 - a ** 2)) / (n1 * n0))
+
+
+def min_detectable_auc(n_members, n_nonmembers, alpha=0.05, power=0.8):
+    """The smallest AUC that a one-sided test of AUC = 0.5 at level ``alpha`` detects with probability ``power``
+    with this pool: the A in (0.5, 1] with A - 0.5 = z_(1-alpha) SE(0.5) + z_power SE(A), SE by Hanley-McNeil
+    (``hanley_mcneil_se``), found by bisection (the left side grows faster than the right). 1.0 when even A = 1
+    is not detectable, NaN without both classes. Example: 500 and 500 give about 0.545; 50 and 50 about 0.64."""
+    if min(n_members, n_nonmembers) < 1:
+        return float("nan")
+    from scipy.stats import norm
+    za, zb = norm.ppf(1 - alpha), norm.ppf(power)
+    gap = lambda a: a - 0.5 - za * hanley_mcneil_se(0.5, n_members, n_nonmembers) \
+        - zb * hanley_mcneil_se(a, n_members, n_nonmembers)  # noqa: E731
+    lo, hi = 0.5, 1.0
+    if gap(hi) < 0:
+        return 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if gap(mid) >= 0 else (mid, hi)
+    return float(hi)
+
+
+def calibrate(scores, models):
+    """Scores made comparable across target models before pooling: each model's scores (``models``: a key per
+    score) replaced by their mid-rank quantile within that model, (rank - 1/2) / n. Label-free (it uses no
+    membership), and a model's own ROC is unchanged; each candidate pool is half members, so quantiles of
+    different models mean the same."""
+    from scipy.stats import rankdata
+    s, keys = np.asarray(scores, float).ravel(), np.asarray(models).ravel()
+    out = np.empty_like(s)
+    for k in np.unique(keys):
+        sel = keys == k
+        out[sel] = (rankdata(s[sel]) - 0.5) / sel.sum()
+    return out
+
+
 def balanced_accuracy(pred, true, n_classes=None):
     """Mean per-class recall over the classes present in `true` (sklearn's ``balanced_accuracy_score``).
 
@@ -88,6 +134,7 @@ def relative_error(est, true):
 
 
 __all__ = [
-    "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance",
+    "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "MIN_POOL", "hanley_mcneil_se",
+    "min_detectable_auc", "calibrate",
     "existence_f1", "relative_error",
 ]

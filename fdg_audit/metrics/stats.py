@@ -3,6 +3,7 @@
 An ``Items`` holds one attack output's per-item values (images, candidates, rows, or victims for estimates) and
 computes its metric on any resample of them, vectorised over bootstrap replicates:
   * ``"mean"``: the mean of per-item values (per-image PSNR / SSIM, success indicators, correct labels);
+  * ``"median"``: their median (the scorecard's median PSNR);
   * ``"auc"``: ROC AUC of scores ``x`` against labels ``y`` (rank formula, ties count 1/2; NaN if a class is
     missing from the resample);
   * ``"balanced_acc"``: mean per-class recall of correctness ``x`` (0/1) by true class ``y`` over the classes
@@ -40,7 +41,7 @@ MIN_RUNS = 3      # below this many paired runs a difference is "not testable"
 
 @dataclass
 class Items:
-    kind: str                       # "mean" | "auc" | "balanced_acc"
+    kind: str                       # "mean" | "median" | "auc" | "balanced_acc"
     x: np.ndarray                   # per-item values / scores / correctness
     y: np.ndarray | None = None     # auc: member 0/1; balanced_acc: true class
     ids: np.ndarray | None = None   # item identity (int64) for the held-out split
@@ -60,6 +61,8 @@ class Items:
             return np.full(x.shape[:-1], np.nan)
         if self.kind == "mean":
             return x.mean(-1)
+        if self.kind == "median":
+            return np.median(x, -1)
         y = np.asarray(self.y)[idx]
         if self.kind == "auc":
             from scipy.stats import rankdata

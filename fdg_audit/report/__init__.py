@@ -21,9 +21,9 @@ from . import plots as P
 from . import scorecard as SC
 from . import tables as T
 from .dp import dp_section
-from .formatting import ci, fmt, fmt_metric, md_table, slug, text_table
+from .formatting import ci, fmt, fmt_metric, md_table, num, slug, text_table
 from .traffic import bytes_lines, bytes_md, bytes_table
-from .verdict import clears, differences_md, verdict_md
+from .verdict import clears, differences_md, side, verdict_md
 
 __all__ = ["write_report", "headline", "clears"]
 
@@ -45,8 +45,7 @@ def headline(root) -> str:
                 cells.append("\n".join(f"{ci(r)}" + (f"\nΔ {ci(r, 'diff_ref')}" if r["diff_ref"] else "")
                                        for r in rs) or "—")
             else:
-                cells.append("\n".join(f"{r['adversary'][:6]}: {ci(r)} vs {ci(r, 'baseline')}"
-                                       + (" (none at this budget)" if r.get("reading") else "") for r in rs) or "—")
+                cells.append("\n".join(_short(r) for r in rs) or "—")
         eps = next((r["epsilon"] for r in mine), "inf")
         rows.append([res.label(g)] + cells + [eps, f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
     names = {h: info(card_metrics(h)[-1]).label for h in harms if h != "accuracy"}
@@ -54,6 +53,8 @@ def headline(root) -> str:
     out = ["privacy scorecard (scorecard.csv): value [95% CI] vs trivial baseline; strongest victim/round chosen "
            f"on held-out halves; Δ: paired difference to {res.reference or 'the reference (none recorded)'}",
            text_table(["method"] + [names[h] for h in harms] + ["ε", "MB/run"], rows)]
+    if T.adaptation_note(res):
+        out.append(T.adaptation_note(res))
     failed = [r["run"] for r in res.runs if r.get("status") != "ok"]
     if failed:
         out.append(f"failed runs ({len(failed)}): " + ", ".join(failed))
@@ -61,6 +62,18 @@ def headline(root) -> str:
         out += ["", "bytes on the bus by artifact kind (↑ client→server, ↓ server→client), mean per run:"]
         out += bytes_lines(res, by)
     return "\n".join(out)
+
+
+def _short(r: dict) -> str:
+    """One leakage cell in the terminal: adversary (and setting), value vs baseline, the reading; a dB cell's share at
+    >= 25 dB and median, a membership cell's pool."""
+    out = f"{r['adversary'][:6]}" + (f" [{r['setting']}]" if r.get("setting") else "") + \
+        f": {ci(r)} vs {ci(r, 'baseline')}" + (f" ({r['reading'].split(':')[0]})" if r.get("reading") else "")
+    if r.get("success_25dB"):
+        out += f"\n  >=25 dB {num(r['success_25dB']):.2f}, median {num(r['median']):.1f} dB"
+    if r.get("pool_members") not in ("", None):
+        out += f"\n  pool {r['pool_members']}/{r['pool_nonmembers']}"
+    return out
 
 
 # ------------------------------------------------------------------------------------------- report.md
@@ -81,13 +94,16 @@ def _accuracy_md(res, acc, files) -> list[str]:
           "improving: NOT CONVERGED). Chance is 1/classes.", ""]
     if ref:
         md += [f"Reference: {res.published.get('source', '')}", ""]
+    if T.adaptation_note(res):
+        md += [T.adaptation_note(res) + ".", ""]
     for ds in dict.fromkeys(r["dataset"] for r in acc):
         rows = [r for r in acc if r["dataset"] == ds]
         targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
         head = ["method"] + [k.split(".")[-1] for k in keys] + targets + ["mean over targets", "[95% CI] (n)",
                                                                         "seeds", "converged"] + \
             (["reference"] if ref else [])
-        body = [[r["method"] + ("" if keys else r["variant"])] + [r["sweep"].get(k, "") for k in keys]
+        body = [[r["method"] + ("" if keys else r["variant"]) + (f" ({T.ADAPTATION})" if r.get("adaptation") else "")]
+                + [r["sweep"].get(k, "") for k in keys]
                 + [fmt(r["targets"].get(t, T.stat([]))) for t in targets]
                 + [fmt(r["mean"]) + (f" (seeds {r['incomplete']} lack a target)" if r["incomplete"] else ""),
                    f"[{r['ci'][1]:.3f}, {r['ci'][2]:.3f}] ({r['ci'][3]})" if r["ci"][1] == r["ci"][1] else
@@ -95,6 +111,15 @@ def _accuracy_md(res, acc, files) -> list[str]:
                    f"{r['converged']}/{r['runs']}" + ("" if r["converged"] == r["runs"] else " NOT CONVERGED")]
                 + ([f"{ref[r['method']]:.4g}" if r["method"] in ref else "—"] if ref else []) for r in rows]
         md += [f"### {ds}", "", md_table(head, body), ""]
+        extra = [(r, k, v) for r in rows for k, v in r["extra"].items()]
+        if extra:   # what a method measures itself (e.g. personalised models on their clients' validation splits)
+            md += ["Reported by the method itself at the selected round (the server's extra_metrics: e.g. "
+                   "personal_acc, each client's personalised model on its own validation split, mean over clients), "
+                   "mean ± std over runs [95% Student-t CI] (n):", "",
+                   md_table(["method", "metric", "value", "[95% CI] (n)"],
+                            [[r["method"] + r["variant"], k, fmt(st),
+                              f"[{ci[1]:.3f}, {ci[2]:.3f}] ({ci[3]})" if ci[1] == ci[1] else f"({ci[3]})"]
+                             for r, k, (st, ci) in extra]), ""]
         md += [_img(f, f"accuracy {ds}") for f in files if f.startswith(f"accuracy_{slug(ds)}.") or
                f.startswith(f"sweep_{slug(ds)}_")] + [""]
     return md
@@ -108,8 +133,9 @@ def _leakage_md(res, leak, controls) -> list[str]:
           "value over victims and rounds (largest; smallest for error metrics; this maximum is biased upwards, the "
           "scorecard's held-out value is the one to compare), then mean ± std over runs (targets × seeds); "
           "\"strongest run\" is the strongest of those runs. Baseline: the attack's trivial baseline on the same "
-          "rows (mean image, chance, prior), averaged the same way. A failed positive control makes the numbers "
-          "\"not measurable\".", ""]
+          "rows (mean image, chance, prior), averaged the same way (domain rows: chance, a guesser that does not know "
+          "the victim; the scorecard's domain baseline is the victim's own domain, which its client name gives). A "
+          "failed positive control makes the numbers \"not measurable\".", ""]
     outputs = any(r["output"] not in ("", "main") for r in leak)
     head = ["method", "attack", "adversary", "artifact"] + (["output"] if outputs else []) + \
         ["metric", "strongest (mean ± std over runs)", "baseline", "Δ vs baseline", "strongest run (target/seed, "
@@ -159,35 +185,53 @@ def _conv(c) -> str:
 def _scorecard_md(res, card) -> list[str]:
     ref = res.reference or "reference"
     md = ["## Privacy scorecard", "",
-          "One row per method, harm and adversary (scorecard.csv). **value**: per run (held-out target × seed) "
-          "the strongest attack output (attack × artifact × variant × victim × round) is chosen on one half of "
-          "the images/candidates and scored on the other half (selection \"heldout\"; \"heldout-ranked\" when a "
-          "hash split of few items left a half empty; \"single\" when there is one candidate; \"mean\" of the "
-          "candidates when there is one item), then the mean over runs. **baseline**: the trivial attack (mean or flat image, chance, "
-          "prior), chosen and scored the same way. Brackets: 95% Student-t interval over the runs' values (one "
+          "One row per method, harm (and setting) and adversary (scorecard.csv). **value**: per run (held-out "
+          "target × seed) the strongest attack output (attack × artifact × variant × victim × round) is chosen on "
+          "one half of the images/candidates and scored on the other half (selection \"heldout\"; \"heldout-ranked\" "
+          "when a hash split of few items left a half empty; \"single\" when there is one candidate; \"mean\" of the "
+          "candidates when there is one item), then the mean over runs. **baseline**: the chosen attack's own "
+          "trivial attack (mean or flat image, chance, the known victim's domain) on the same victim and held-out "
+          "half. Brackets: 95% Student-t interval over the runs' values (one "
           "run: the bootstrap over its items; fdg_audit/metrics/stats.py). "
           f"**Δ {ref}**: this cell minus the cell of the scenario's reference method ({ref}; column `reference` of "
           "scorecard.csv), paired by target and seed: the leakage (or accuracy) a method adds beyond the reference, "
-          "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of "
-          "the scorecard (below 3 runs: not testable); only between cells of the same attack (budget and prior) "
+          "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of the scorecard (below "
+          "3 runs: not testable); only between cells of the same attack, prior and budget (columns prior, budget) "
           "that both beat their baselines. A value that does not beat its own baseline reads \"no reconstruction at "
-          "this budget\" (or \"not above baseline\"). PSNR is capped at 60 dB (8-bit precision reaches 58.9 dB) and "
-          "intervals are cut to each metric's range. **converged**: runs whose selected round is before the last "
+          "this budget\" (or \"not above baseline\"; \"vacuous\" when the baseline is already perfect, e.g. a "
+          "victim's domain that its client name gives). PSNR is capped at 60 dB (8-bit precision reaches 58.9 dB) and "
+          "intervals are cut to each metric's range. **also**: for PSNR the headlines, the share of held-out images "
+          "at >= 25 dB and the median PSNR (the baseline's in brackets); for membership the pool of calibrated "
+          "held-out scores over victims and runs (within-model quantiles), its smallest detectable AUC (one-sided "
+          "test against 0.5, alpha 0.05, power 0.8, Hanley-McNeil variance) and TPR at 1% / 0.1% FPR where the pool "
+          "has >= 100 / >= 1000 non-members; below 500 members or non-members a cell is \"not resolvable\" and its "
+          "Δ is not tested. **threat model**: the chosen attack's prior (none, layout, learned; oracle outputs are "
+          "never the headline, see the per-victim table), budget (iterations x restarts) and what the attacker "
+          "knows, as the attacks declare them (attacks.json). A harm in [brackets] names a setting an attack reports "
+          "in a row of its own. **converged**: runs whose selected round is before the last "
           "10% of their rounds, of all runs. "
           "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
-        body = [[r["method"] + r["variant"], r["harm"], r["adversary"] or "—", r["metric"],
-                 ci(r) + (f" ({r['reading']})" if r.get("reading") else ""),
-                 ci(r, "baseline"), ci(r, "diff_ref"),
-                 f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["assumes"] or "—", r["control"],
+        body = [[r["method"] + r["variant"], r["harm"] + (f" [{r['setting']}]" if r.get("setting") else ""),
+                 r["adversary"] or "—", r["metric"], ci(r) + (f" ({r['reading']})" if r.get("reading") else ""),
+                 ci(r, "baseline"), ci(r, "diff_ref"), side(r) or "—",
+                 f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", _threat(r), r["assumes"] or "—",
+                 r["control"],
                  r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
                  r["epsilon"], _conv(r.get("converged"))]
                 for r in card if r["dataset"] == ds]
         md += [f"### {ds}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
-                                          "baseline [95% CI]", f"Δ {ref} [95% CI]", "attack (artifact)",
-                                          "attacker assumes", "control", "selection", "runs / items", "ε",
-                                          "converged"], body), ""]
+                                          "baseline [95% CI]", f"Δ {ref} [95% CI]", "also", "attack (artifact)",
+                                          "threat model", "attacker assumes", "control", "selection",
+                                          "runs / items", "ε", "converged"], body), ""]
     return md
+
+
+def _threat(r: dict) -> str:
+    """A cell's threat model in one cell: prior, budget, what the attacker knows ("—" where nothing is declared)."""
+    parts = [f"prior {r['prior']}" if r.get("prior") else "", f"budget {r['budget']}" if r.get("budget") else "",
+             f"knows {r['capabilities']}" if r.get("capabilities") else ""]
+    return "; ".join(p for p in parts if p) or "—"
 
 
 def _victims_md(res) -> list[str]:
@@ -196,14 +240,16 @@ def _victims_md(res) -> list[str]:
         return []
     md = ["### Reconstruction per victim domain", "",
           "Mean PSNR (dB) over runs of each victim's reconstructions, per attack and variant (leakage.csv; no "
-          "selection, every victim shown), with the trivial baseline.", ""]
+          "selection, every victim shown), with the trivial baseline. Variants with the oracle prior (the data set's "
+          "own generator) are upper bounds, labelled so, never a scorecard headline.", ""]
     for key in dict.fromkeys((r["key"], r["attack"]) for r in rows):
         rs = [r for r in rows if (r["key"], r["attack"]) == key]
         victims = list(dict.fromkeys(r["victim"] for r in rs))
         outs = list(dict.fromkeys(r["output"] for r in rs))
         cell = {(r["output"], r["victim"]): r for r in rs}
-        body = [[o or "main"] + [fmt(cell[(o, v)]["value"], 1) if (o, v) in cell else "—" for v in victims]
-                for o in outs]
+        oracle = {r["output"] for r in rs if r.get("oracle")}
+        body = [[(o or "main") + (" (oracle: upper bound)" if o in oracle else "")]
+                + [fmt(cell[(o, v)]["value"], 1) if (o, v) in cell else "—" for v in victims] for o in outs]
         body.append(["baseline"] + [fmt(next(r["baseline"] for r in rs if r["victim"] == v), 1) for v in victims])
         md += [f"**{res.label(key[0])}, {key[1]}**", "", md_table(["variant"] + victims, body), ""]
     return md

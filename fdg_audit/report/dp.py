@@ -120,7 +120,7 @@ def unprotected(envelopes) -> dict:
     not cover what they carry: e.g. a style statistic under client-level DP on the weights)."""
     guarded, bare = set(), defaultdict(set)
     for e in envelopes:
-        if e["sender"] == "server":
+        if e["sender"] in ("server", "public"):   # "public": the core's record of the server's public data
             continue
         if any(isinstance(ev, dict) and "epsilon" in ev for ev in e.get("filters") or []):
             guarded.add(e["run"])

@@ -49,7 +49,8 @@ class Results:
     recon: list = field(default_factory=list)       # dict(attack, run, victim, variant, path)
     mia: list = field(default_factory=list)         # dict(attack, run, path): raw membership scores of one run
     items: list = field(default_factory=list)       # dict(attack, run, path): per-item values of the scored rows
-    attacks: dict = field(default_factory=dict)     # attacks.json: {label: {name, adversary, aux, consumes, outputs}}
+    attacks: dict = field(default_factory=dict)     # attacks.json: {label: {name, adversary, aux, consumes, outputs,
+    #                                                         priors, budget, knows, rows}} (report/threat.py)
     scenarios: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     reference: str = ""     # summary.json's "reference": the method (registered name) the Δ columns compare with
@@ -141,6 +142,16 @@ def _clip01(ci: tuple) -> tuple:
     return m, lo if lo != lo else max(lo, 0.0), hi if hi != hi else min(hi, 1.0), n
 
 
+ADAPTATION = "domain adaptation (target seen, unlabeled)"   # runs whose method's ``adaptation`` flag is set
+
+
+def adaptation_note(res: Results) -> str:
+    """One line naming the groups whose held-out domain took part unlabeled (RunInfo.adaptation), or ""."""
+    gs = list(dict.fromkeys(gkey(r) for r in res.ok if r.get("adaptation")))
+    return (f"{', '.join(res.label(g) for g in gs)}: {ADAPTATION}: the held-out domain's unlabeled images took part "
+            "in training, so its held-out accuracy is not domain generalization") if gs else ""
+
+
 def accuracy_table(res: Results) -> list[dict]:
     """One row per group: per-target and mean-over-targets held-out accuracy (mean ± std over seeds)."""
     by = defaultdict(list)
@@ -163,8 +174,16 @@ def accuracy_table(res: Results) -> list[dict]:
                          ci=_clip01(t_interval([v for _, v in pairs], strata=[t for t, _ in pairs])),
                          converged=sum(r.get("converged") is not False for r in rs),
                          seeds=seeds, incomplete=[s for s in seeds if s not in complete], runs=len(rs),
-                         num_classes=rs[0].get("num_classes")))
+                         num_classes=rs[0].get("num_classes"), adaptation=any(r.get("adaptation") for r in rs),
+                         extra={k: (stat(v), t_interval(v)) for k, v in _extras(rs).items()}))
     return rows
+
+
+def _extras(rs: list[dict]) -> dict:
+    """{metric: values over the runs} of what the method reports itself at the selected round (Server.extra_metrics,
+    RunInfo.extra), for metrics every run of the group has."""
+    keys = [k for k in (rs[0].get("extra") or {}) if all(k in (r.get("extra") or {}) for r in rs)]
+    return {k: [float(r["extra"][k]) for r in rs] for k in keys}
 
 
 # ------------------------------------------------------------------------------------------- leakage

@@ -43,7 +43,7 @@ def bytes_table(envelopes, runs: list[dict]) -> dict:
         a = acc[g][(e["kind"], direction(e))]
         a[2] += e["wire_bytes"]
         a[0 if e["round"] == 0 else 1] += e["wire_bytes"] / (1 if e["round"] == 0 else rounds[e["run"]])
-        if e["sender"] != "server":
+        if e["sender"] not in ("server", "public"):   # "public": the core's record of the server's public data
             clients[g][e["sender"]].add(e["kind"])
     out = {}
     for g in dict.fromkeys(gof.values()):

@@ -18,15 +18,41 @@ def clears(row: dict) -> bool:
     return lo > bhi if info(row["metric"].split("|")[0]).higher else hi < blo
 
 
+def _harm(r: dict) -> str:
+    """The harm, with the setting of a row an attack reports apart."""
+    return r["harm"] + (f" [{r['setting']}]" if r.get("setting") else "")
+
+
 def _cell(r: dict) -> str:
-    return f"{r['harm']} ({r['adversary']})"
+    return f"{_harm(r)} ({r['adversary']})"
+
+
+def _pm(r: dict, key: str, d: int, unit: str = "") -> str:
+    """"v [lo, hi]" of one of a row's side numbers (``key`` with ``key``_ci_low/high when present)."""
+    v, lo, hi = (num(r.get(k)) for k in (key, f"{key.split('_')[0]}_ci_low", f"{key.split('_')[0]}_ci_high"))
+    return "n/a" if v != v else f"{v:.{d}f}{unit}" + ("" if lo != lo else f" [{lo:.{d}f}, {hi:.{d}f}]")
+
+
+def side(r: dict) -> str:
+    """A cell's numbers beside its value, in words: a dB cell's share of images at >= 25 dB and median (the PSNR
+    headlines, with the baseline's); a membership cell's pool, smallest detectable AUC and TPR at low FPR (n/a where
+    the pool has too few non-members); "" otherwise."""
+    if r.get("success_25dB") not in ("", None):
+        return (f">= 25 dB: {_pm(r, 'success_25dB', 2)} (baseline {num(r['baseline_success_25dB']):.2f}); median "
+                f"{_pm(r, 'median', 1, ' dB')} (baseline {num(r['baseline_median']):.1f} dB)")
+    if r.get("pool_members") not in ("", None):
+        v = lambda k: "n/a" if num(r[k]) != num(r[k]) else f"{num(r[k]):.3f}"  # noqa: E731
+        return (f"pool {r['pool_members']} members / {r['pool_nonmembers']} non-members, smallest detectable AUC "
+                f"{v('min_auc')}; TPR@1%FPR {v('tpr@0.01fpr')}, TPR@0.1%FPR {v('tpr@0.001fpr')}")
+    return ""
 
 
 def _method(rows: list[dict], reference: str, is_ref: bool) -> str:
     """A few sentences on one method's scorecard rows (``reference``: the label its differences are to)."""
     leak = [r for r in rows if r["harm"] != "accuracy"]
-    above = [f"{r['harm']} against the {r['adversary']}: {info(r['metric'].split('|')[0]).label} {ci(r)} vs "
-             f"baseline {ci(r, 'baseline')} ({r['attack']} on {r['artifact']})" for r in leak if clears(r)]
+    above = [f"{_harm(r)} against the {r['adversary']}: {info(r['metric'].split('|')[0]).label} {ci(r)} vs "
+             f"baseline {ci(r, 'baseline')} ({r['attack']} on {r['artifact']}" + (f"; {x}" if (x := side(r)) else "")
+             + ")" for r in leak if clears(r)]
     out = ["Measured above baseline (the whole 95% interval beyond the baseline's, no control failed): "
            + "; ".join(above) + "." if above else "No harm is measured above its baseline at these budgets."]
     calls = {c: [r for r in leak if r["diff_call"] == c] for c in ("distinguishable", "not distinguishable")}
@@ -43,6 +69,8 @@ def _method(rows: list[dict], reference: str, is_ref: bool) -> str:
                    if r["control"] != "failed" and not r.get("reading") and not clears(r)]
     unresolved += [f"{_cell(r)} against {reference}: not testable (n = {r['diff_n']} paired runs, fewer than 3)"
                    for r in leak if r["diff_call"] == "not testable"]
+    unresolved += [f"{_cell(r)} against {reference}: Δ {num(r['diff_ref']):+.3f} not tested (a membership pool is "
+                   "not resolvable)" for r in leak if r["diff_call"] == "not resolvable"]
     if unresolved:
         out.append("Not resolved: " + "; ".join(unresolved) + ".")
     for r in (r for r in rows if r["harm"] == "accuracy"):

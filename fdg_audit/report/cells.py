@@ -1,0 +1,91 @@
+"""The numbers a scorecard cell reports beside its value, from the held-out items of its chosen candidates
+(``sel``: {run: dict(items, base, ...)} as ``scorecard._select`` returns them).
+
+* Reconstruction in dB (``psnr_headlines``): the share of held-out images at PSNR >= ``SUCCESS_DB`` (attacks.md §1,
+  fixed in advance) and the median PSNR, each the mean over runs of its per-run value with the interval of
+  ``stats.estimate``, cut to the metric's range (a share to [0, 1], dB to [0, cap]); and the same two numbers of the
+  paired baseline.
+* Membership (``pool``): per run, the chosen candidate's held-out scores are calibrated within their target model
+  (the run and the victim named in each item's id; ``metrics.membership.calibrate``, label-free quantiles) and pooled
+  over the cell's runs (targets x seeds) and victims. The pool's size is reported (members, non-members), with the
+  smallest AUC a one-sided test against 0.5 detects at that size (alpha 0.05, power 0.8, Hanley-McNeil variance;
+  ``metrics.membership.min_detectable_auc``). Below ``MIN_POOL`` of either the cell is "not resolvable". TPR at 1 % and
+  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..metrics import membership as MM
+from ..metrics import stats as S
+from ..metrics.registry import info
+
+SUCCESS_DB = 25.0
+TPR_AT = (0.01, 0.001)
+NAN = float("nan")
+
+
+def _fmt(x) -> str:
+    return "" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.6g}"
+
+
+def _cut(x: float, lo: float, hi: float) -> float:
+    return x if x != x else min(max(x, lo), hi)
+
+
+def _summary(runs: list, lo: float, hi: float, seed: int) -> tuple:
+    m, a, b = S.estimate(runs, seed=seed)
+    return _cut(m, lo, hi), _cut(a, lo, hi), _cut(b, lo, hi)
+
+
+def psnr_headlines(metric: str, sel: dict, seed: int = 0) -> dict:
+    """success_25dB, median (with intervals) and their baseline values of a dB cell; {} for other metrics."""
+    mi = info(metric)
+    its = [s["items"] for s in sel.values()]
+    if mi.unit != "dB" or not its or any(i.kind != "mean" for i in its):
+        return {}
+    ok = lambda i: i is not None and not isinstance(i, float) and i.kind == "mean"  # noqa: E731
+    share = lambda i: S.Items("mean", (np.asarray(i.x) >= SUCCESS_DB).astype(float), ids=i.ids)  # noqa: E731
+    mid = lambda i: S.Items("median", np.asarray(i.x, float), ids=i.ids)  # noqa: E731
+    s, slo, shi = _summary([share(i) for i in its], 0.0, 1.0, seed)
+    m, mlo, mhi = _summary([mid(i) for i in its], mi.lo, mi.hi, seed)
+    bases = [s["base"] for s in sel.values()]
+    b_s = b_m = NAN
+    if bases and all(ok(b) for b in bases):
+        b_s = float(np.nanmean([share(b).stat() for b in bases]))
+        b_m = float(np.nanmean([mid(b).stat() for b in bases]))
+    return dict(success_25dB=_fmt(s), success_ci_low=_fmt(slo), success_ci_high=_fmt(shi),
+                baseline_success_25dB=_fmt(b_s), median=_fmt(m), median_ci_low=_fmt(mlo), median_ci_high=_fmt(mhi),
+                baseline_median=_fmt(b_m))
+
+
+def pool(sel: dict) -> dict:
+    """The membership pool of a cell (module doc): pool_members, pool_nonmembers, min_auc, tpr@<f>fpr, and
+    ``_resolvable``; {} when the cell's items are not membership scores."""
+    scores, labels, models = [], [], []
+    for run, s in sel.items():
+        it = s["items"]
+        if it.kind != "auc" or it.y is None or not len(it):
+            continue
+        scores.append(np.asarray(it.x, float))
+        labels.append(np.asarray(it.y, int))
+        salt = np.zeros(len(it), np.int64) if it.ids is None else np.asarray(it.ids, np.int64) >> 32
+        models += [f"{run}#{v}" for v in salt]   # the victim of each candidate: its id's salt (scoring._image_ids)
+    if not scores:
+        return {}
+    y = np.concatenate(labels)
+    x = MM.calibrate(np.concatenate(scores), np.array(models))
+    n1, n0 = int(y.sum()), int(len(y) - y.sum())
+    out = dict(pool_members=n1, pool_nonmembers=n0, min_auc=_fmt(MM.min_detectable_auc(n1, n0)),
+               _resolvable=min(n1, n0) >= MM.MIN_POOL)
+    for f in TPR_AT:
+        t = MM.tpr_at_fpr(x, y, f) if n1 and n0 and MM.resolvable(n0, f) else NAN
+        out[f"tpr@{f:g}fpr"] = _fmt(t)
+    return out
+
+
+def unresolved(p: dict) -> str:
+    """The reading of a pool below ``MIN_POOL``: "not resolvable" with its size and smallest detectable AUC."""
+    a = float(p["min_auc"] or "nan")
+    return (f"not resolvable: pool of {p['pool_members']} members and {p['pool_nonmembers']} non-members (below "
+            f"{MM.MIN_POOL} each); smallest detectable AUC " + (f"{a:.3f}" if a == a else "none (a class is missing)"))
