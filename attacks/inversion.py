@@ -117,6 +117,31 @@ def noise_on(m) -> bool:
                for e in m.env.filters or [])
 
 
+def client_size(view, v: str, pr: Protocol, ts: list, aux) -> tuple[int | None, str]:
+    """The server's n_k of client ``v`` and how it got it: the client's ``n_samples`` message (""), one batch when
+    its uploads are noised ("n_assumed": a noised norm says nothing about n_k), else estimated from the update norm
+    against training on public images ("n_estimated", as the dataset_size attack does); None and why otherwise."""
+    sent = view.messages(kind="n_samples", sender=v)
+    if sent:
+        return int(sent[0].payload["n"]), ""
+    if any(noise_on(m) for m in view.messages(kind="weights", sender=v)):
+        return pr.batch_size, "n_assumed"
+    if not ts:
+        return None, "no round observed"
+    from .stats import estimate_size
+    est, how = estimate_size(view, v, ts[0], aux.public if aux else None)
+    return (max(1, int(round(est))), "n_estimated") if est is not None else (None, how)
+
+
+def exchanges(view, v: str, ts: list):
+    """(round, download, upload) weight arrays of client ``v`` for each round of ``ts`` where both were observed."""
+    for t in ts:
+        down = view.messages(kind="weights", sender="server", receiver=v, round=t)
+        up = view.messages(kind="weights", sender=v, round=t)
+        if down and up:
+            yield t, down[0].payload.arrays, up[0].payload.arrays
+
+
 def schedule(n: int | None, pr: Protocol, max_images: int = 0, offset: int = 0) -> tuple[list[torch.Tensor], int]:
     """Per local step, the indices into a dummy set (starting at ``offset``) that the step trains on, and the
     dummy set's size: one pass over the data the round touched, batches as ``Client.batches`` cuts them."""
@@ -376,26 +401,15 @@ class UpdateInversion(Attack):
         if self.p.adversary_view == "server":
             victims = sample_victims(view, view.clients, self.p.max_victims)
             for v in victims:
-                n = view.messages(kind="n_samples", sender=v)
-                n, how = (int(n[0].payload["n"]), "") if n else (None, "")
                 ts = self._rounds(view, rounds)
-                noised = any(noise_on(m) for m in view.messages(kind="weights", sender=v))
-                if n is None and pr.local_steps <= 0 and noised:
-                    n, how = pr.batch_size, "n_assumed"
-                if n is None and pr.local_steps <= 0 and ts:   # estimate n_k as the dataset_size attack does
-                    from .stats import estimate_size
-                    est, how = estimate_size(view, v, ts[0], aux.public if aux else None)
-                    n, how = (max(1, int(round(est))), "n_estimated") if est is not None else (None, how)
+                # fixed local steps are unrolled without n_k; epochs need it (sent, assumed or estimated)
+                sent = view.messages(kind="n_samples", sender=v)
+                n, how = client_size(view, v, pr, ts, aux) if pr.local_steps <= 0 or sent else (None, "")
                 if n is None and pr.local_steps <= 0:
                     outs.append(Skipped(v, "weights", 0, "no n_samples message and no size estimate "
                                         f"({how}): epoch-based local training cannot be unrolled"))
                     continue
-                for t in ts:
-                    down = view.messages(kind="weights", sender="server", receiver=v, round=t)
-                    up = view.messages(kind="weights", sender=v, round=t)
-                    if not down or not up:
-                        continue
-                    theta, after = down[0].payload.arrays, up[0].payload.arrays
+                for t, theta, after in exchanges(view, v, ts):
                     obs = {k: after[k].float() - theta[k].float() for k in after if after[k].is_floating_point()}
                     steps, m = schedule(n, pr, self.p.max_images)
                     obs_bn = {(k.rsplit(".", 1)[0], k.rsplit("_", 1)[1]): after[k] for k in after

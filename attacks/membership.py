@@ -276,6 +276,7 @@ class _Membership(Attack):
     consumes = ("weights",)
     adversary = "server"
     aux = ("candidates",)
+    knows = ("architecture",)     # losses through the observed model
     Params = TargetParams
     main = ""                     # the variant the controls judge
 
@@ -347,6 +348,7 @@ class LossAttack(_Membership):
 class _Referenced(_Membership):
     """An attack with reference federations, offline or ``online`` (its main output)."""
     aux = ("candidates", "public", "domain_samples")
+    knows = ("architecture", "local_hyperparams")   # reference federations replay the observed protocol
 
     @property
     def main(self):

@@ -118,6 +118,7 @@ class PrototypeInversion(Attack):
     # one variant per class c ("c0", "c1", ...): the number of classes is the run's, so the entry names the pattern
     outputs = {"c<class>": "pixels optimised from the public mean image of the class until the feature extractor (the "
                            "client's uploaded model, or the broadcast one) maps them onto the class's prototype"}
+    priors, knows = {"*": "none"}, ("architecture",)   # box + TV only; the public class mean is the start
     Params = InversionParams
 
     def run(self, view, aux):

@@ -98,6 +98,7 @@ class NormStatsDomain(Attack):
     aux = ("domain_samples",)
     outputs = {"": "the BatchNorm running statistics in the upload, against shadow batches of public samples of each "
                    "source domain through the broadcast model"}
+    knows = ("architecture", "bn_statistics")
     Params = NormStatsParams
 
     @staticmethod
@@ -236,6 +237,7 @@ class DatasetSize(Attack):
     adversary = "server"
     aux = ("public",)
     outputs = SIZE_WORDS
+    knows = ("architecture", "local_hyperparams")   # the update-norm estimate replays local training on public data
     Params = SizeParams
 
     def run(self, view, aux):

@@ -308,6 +308,7 @@ class StyleInversion(Attack):
                         "flat": "one colour per image matching the style's statistics (what they give without layout)",
                         "stylised": "the public mean image restyled with the victim's style by the protocol's own "
                                     "style transfer"})
+    priors, knows = {"*": "none"}, ("architecture",)   # box + TV only; the public mean is the start, not a prior
     Params = InversionParams
 
     def invert(self, enc, mean, std, init, pooled=False, flat=False):

@@ -73,7 +73,11 @@ def describe(cfg: dict, device) -> tuple[str, Described, dict]:
     key = (json.dumps(cfg, sort_keys=True, default=str), name, str(device), tuple(import_path(name)))
     if key not in _DESCRIBED:
         job = dict(attack=name, label=label, params=cfg, device=str(device), mode="describe")
-        _DESCRIBED[key] = _checked(run_isolated(job, OUTPUTS)["describe"], label or name)
+        try:
+            _DESCRIBED[key] = _checked(run_isolated(job, OUTPUTS)["describe"], label or name)
+        except AttackFailed as e:
+            raise UserError(f"attack {label or name!r} could not be loaded in its worker ({e}); "
+                            f"FDG_AUDIT_SANDBOX=process tells a sandbox problem from a broken plugin") from None
     d = _DESCRIBED[key]
     label = label or d.name or name
     safe_name(label, f"attacks.{label}.label")

@@ -83,8 +83,13 @@ def _resume(root: Path, runs: list[dict]) -> tuple[dict, dict, Ledger]:
     if not (root / "config.resolved.toml").exists():
         raise UserError(f"--resume {root}: not a run folder (no config.resolved.toml); pass runs/<scenario>/<timestamp>")
     want = {r["run_id"]: run_config_hash(r) for r in runs}
-    done = {s["run"]: s for s in read_summary(root)["runs"]
-            if s["status"] == "ok" and s.get("chain_head") and want.get(s["run"]) == s.get("config_sha256")}
+    ok = [s for s in read_summary(root)["runs"] if s["status"] == "ok" and s.get("chain_head")]
+    done = {s["run"]: s for s in ok if want.get(s["run"]) == s.get("config_sha256")}
+    other = [s["run"] for s in ok if s["run"] not in done]
+    if other:   # before anything is written: resuming would drop finished runs from the ledger
+        raise UserError(f"--resume {root}: {len(other)} finished run(s) (e.g. {other[0]}) were made with another "
+                        f"configuration (other --set values, another scenario or another fdg_audit version); nothing "
+                        f"was changed: resume with what made them, or start a new folder without --resume")
     old = Ledger.open(root) if (root / "messages.jsonl").exists() else None
     if old is not None:
         old.verify({k: v["chain_head"] for k, v in done.items()})

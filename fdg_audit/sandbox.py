@@ -184,11 +184,11 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict) -> list[str]:
     ro |= {d for d in ("/bin", "/lib", "/lib64", "/lib32", "/sbin") if os.path.lexists(d)}
     ro |= _sources(tuple(tops), tuple(paths["attack"])) | _sources(tuple(tops), tuple(paths["method"]))
     ro |= {str(Path(p).resolve()) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
-    argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]   # first: plugin sources under /tmp bind inside
     for d in sorted(ro, key=len):   # parents first: a child bind lands inside its parent's
         if Path(d).exists():
             argv += ["--ro-bind", d, d]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     if spec.get("device", "cpu") != "cpu":   # a GPU: its device nodes and the driver's view of /sys
         argv += [x for d in glob.glob("/dev/nvidia*") for x in ("--dev-bind", d, d)] + ["--ro-bind", "/sys", "/sys"]
     argv += ["--bind", str(folder), str(folder), "--chdir", str(folder)]
@@ -196,8 +196,9 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict) -> list[str]:
         if k in os.environ:
             argv += ["--setenv", k, os.environ[k]]
     argv += ["--setenv", "PYTHONSAFEPATH", "1", "--setenv", "HOME", str(folder)]
-    return argv + [sys.executable, "-P", "-c", "import sys; from fdg_audit.sandbox import _main; _main(sys.argv[1])",
-                   str(folder)]
+    root = str(Path(__file__).resolve().parents[1])   # this fdg_audit's folder (also when PYTHONPATH chose it)
+    return argv + [sys.executable, "-P", "-c", "import sys; sys.path.insert(0, sys.argv[2]); "
+                   "from fdg_audit.sandbox import _main; _main(sys.argv[1])", str(folder), root]
 
 
 def _main(folder: str) -> None:

@@ -5,8 +5,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from fdg_audit.runner import run_scenario
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):   # two workers on two cores: one torch thread each, not two
+    torch.set_num_threads(1)
 
 
 def pytest_configure(config):
@@ -26,6 +31,17 @@ def public_split(text: str) -> str:
         if line.strip() in ("[data]", "[[datasets]]") and "split_seed" not in text:
             out.append("split_seed = 0")
     return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def one_thread():
+    """Torch pinned to one thread for the test: a worker process computes with ``RunSpec.worker_threads`` (1), and a
+    float sum's bits depend on how many threads split it, so an in-process run compared hash for hash with a
+    worker's must use the same count."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ def test_the_target_client_is_built_without_labels_on_every_engine(data, engine)
     assert all((got[c]["train"] >= 0).all() for c in SOURCES)
 
 
-def test_the_process_engine_records_the_same_ledger():
+def test_the_process_engine_records_the_same_ledger(one_thread):
     small = DataConfig(dataset="digits", domains=CFG.domains, per_domain=40)
     d = load_data(small)
     sig = lambda led: [(e.sender, e.receiver, e.kind, e.sha256) for e in led.envelopes]  # noqa: E731

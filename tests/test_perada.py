@@ -81,7 +81,7 @@ def test_backbone_is_the_public_pretraining_and_only_adapters_move(data):
     assert any(k.startswith("neck.") for k in frozen) and any(k.startswith("trunk.1.0.w") for k in frozen)
 
 
-def test_same_ledger_in_process_engine_with_sampled_clients(data):
+def test_same_ledger_in_process_engine_with_sampled_clients(data, one_thread):
     """The server's KD draws dropout from its own stream, so worker processes give the same ledger."""
     hashes = []
     for engine in ("local", "process"):

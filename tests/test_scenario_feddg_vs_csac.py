@@ -17,7 +17,7 @@ def test_named_scenario_runs_small(tmp_path, capsys):
             "attacks.amplitude_phase_retrieval.restarts=2", "attacks.update_inversion.iterations=10",
             "attacks.amplitude_phase_retrieval.render_restarts=4", "attacks.amplitude_phase_retrieval.render_steps=[50, 50]",
             "attacks.all.exclude=[\"mia_lira\", \"mia_rmia\", \"mia_trajectory\", \"dp_audit_artifact\", \"dp_audit_client\", "
-            "\"dp_audit_dpsgd\"]"]
+            "\"dp_audit_dpsgd\", \"fedavg_leakage\"]"]
     argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:7], "--set", *tiny[7:]]
     assert main(argv) == 0
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])

@@ -371,3 +371,7 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
     heads = [{r["run"]: r["chain_head"] for r in json.loads((d / "summary.json").read_text())["runs"]} for d in (a, b)]
     assert heads[0] == heads[1] and len(heads[0]) == 2
     assert json.loads((b / "manifest.json").read_text())["resumed_with"] == ["rotated/fedavg/rot45/s0"]
+    before = {p.name: p.read_bytes() for p in b.iterdir() if p.is_file()}
+    one_line_error(capsys, ["scenario", str(f), "--resume", str(b), "--set", "train.lr=0.07"],
+                   "2 finished run(s) (e.g. rotated/fedavg/rot45/s0) were made with another configuration")
+    assert {p.name: p.read_bytes() for p in b.iterdir() if p.is_file()} == before    # nothing lost, nothing rewritten
