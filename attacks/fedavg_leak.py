@@ -30,9 +30,9 @@ the two models), scaled to n_k.
 Measured (tests/test_fedavg_leak.py; 8 real MNIST digits, 2 epochs of batch 4, SGD lr 0.05, momentum 0.9,
 cnn_small with GroupNorm, 300 iterations x 1 restart, tv 0.3 for all; mean matched PSNR, seed 0, two torch
 threads): this attack 14.9 dB, update_inversion 11.8, single-step IG 10.5; the mean image scores 12.1. So on 8
-digits only this attack beats the mean image, by 2.8 dB, and no digit-level success is claimed from it. The
-helper session that wrote it reported seeds 1 and 2 (12.8 / 9.6 / 10.8 and 11.6 / 7.4 / 9.4 dB) and ablations
-(without moves, without the consistency term, signed steps: each lower); those were not re-measured.
+digits only this attack beats the mean image, by 2.8 dB. Two more seeds (other digits and client seed, one
+thread): 10.1 / 7.8 / 8.9 dB and 14.5 / 9.1 / 8.8 dB against public mean images of 11.4 and 11.8: it beats both IG
+variants on all three seeds and the mean image on two of them.
 
 Deviations from the paper/its code: cosine distance over all parameters (their FEMNIST runs: L2 with exponential
 layer weights and a ramped factor); a matched consistency term (theirs compares a permutation-invariant statistic of
