@@ -117,13 +117,16 @@ def noise_on(m) -> bool:
                for e in m.env.filters or [])
 
 
-def client_size(view, v: str, pr: Protocol, ts: list, aux) -> tuple[int | None, str]:
-    """The server's n_k of client ``v`` and how it got it: the client's ``n_samples`` message (""), one batch when
-    its uploads are noised ("n_assumed": a noised norm says nothing about n_k), else estimated from the update norm
-    against training on public images ("n_estimated", as the dataset_size attack does); None and why otherwise."""
+def client_size(view, v: str, pr: Protocol, ts: list, aux, infer: bool = True) -> tuple[int | None, str]:
+    """The server's n_k of client ``v`` and how it got it: the client's ``n_samples`` message (""); without one and
+    with ``infer``, one batch when its uploads are noised ("n_assumed": a noised norm says nothing about n_k), else
+    estimated from the update norm against training on public images ("n_estimated", as the dataset_size attack
+    does); None and why otherwise."""
     sent = view.messages(kind="n_samples", sender=v)
     if sent:
         return int(sent[0].payload["n"]), ""
+    if not infer:
+        return None, ""
     if any(noise_on(m) for m in view.messages(kind="weights", sender=v)):
         return pr.batch_size, "n_assumed"
     if not ts:
@@ -403,8 +406,7 @@ class UpdateInversion(Attack):
             for v in victims:
                 ts = self._rounds(view, rounds)
                 # fixed local steps are unrolled without n_k; epochs need it (sent, assumed or estimated)
-                sent = view.messages(kind="n_samples", sender=v)
-                n, how = client_size(view, v, pr, ts, aux) if pr.local_steps <= 0 or sent else (None, "")
+                n, how = client_size(view, v, pr, ts, aux, infer=pr.local_steps <= 0)
                 if n is None and pr.local_steps <= 0:
                     outs.append(Skipped(v, "weights", 0, "no n_samples message and no size estimate "
                                         f"({how}): epoch-based local training cannot be unrolled"))

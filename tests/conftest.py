@@ -35,9 +35,9 @@ def public_split(text: str) -> str:
 
 @pytest.fixture
 def one_thread():
-    """Torch pinned to one thread for the test: a worker process computes with ``RunSpec.worker_threads`` (1), and a
-    float sum's bits depend on how many threads split it, so an in-process run compared hash for hash with a
-    worker's must use the same count."""
+    """Torch pinned to one thread for the test, restored after it. A float sum's bits depend on how many threads
+    split it: an in-process run compared hash for hash with a worker's (``RunSpec.worker_threads``, 1) must use the
+    same count, and a control that fits models is reproducible only at a fixed count."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

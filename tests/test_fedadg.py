@@ -78,16 +78,6 @@ def test_generator_from_arrays_rebuilds_sizes():
     assert h.noise_dim == 7 and torch.equal(g(z, c), h(z, c))
 
 
-@pytest.fixture
-def one_thread():
-    """Pin torch's thread count for the test (a scenario with ``threads = 1`` run earlier in the same process leaves
-    it at 1, run alone it is the machine's default: the control once passed alone and failed in the suite)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_generator_leakage_controls_and_harness(run_toml, one_thread):
     from attacks.generator import GeneratorLeakage
     cs = GeneratorLeakage(GeneratorLeakage.Params(decoder_steps=300)).control()

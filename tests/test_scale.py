@@ -291,21 +291,16 @@ def test_encode_brings_device_tensors_to_the_host_in_one_copy(monkeypatch):
         {"w": np.float32, "b": np.uint8, "d": np.float64, "i": np.int64}
 
 
-def test_generator_leakage_with_several_clients_per_domain(run_toml):
-    import csv
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # the attack's control fits generators; pinned threads keep it reproducible
-    try:
-        root = run_toml("""
-            name = "adg_many"
-            report = false
-            attacks = [{name = "generator_leakage", decoder_steps = 300, max_victims = 4}]
-            methods = [{name = "fedadg"}]
-            train = {rounds = 2, lr = 0.05}
-            data = {dataset = "digits", clients_per_domain = 2, domains = ["rot0", "rot15", "rot30", "rot45"]}
-        """, 'data.targets=["rot0"]')
-    finally:
-        torch.set_num_threads(threads)
+def test_generator_leakage_with_several_clients_per_domain(run_toml, one_thread):
+    import csv   # one thread: the attack's control fits generators; pinned threads keep it reproducible
+    root = run_toml("""
+        name = "adg_many"
+        report = false
+        attacks = [{name = "generator_leakage", decoder_steps = 300, max_victims = 4}]
+        methods = [{name = "fedadg"}]
+        train = {rounds = 2, lr = 0.05}
+        data = {dataset = "digits", clients_per_domain = 2, domains = ["rot0", "rot15", "rot30", "rot45"]}
+    """, 'data.targets=["rot0"]')
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     dom = [r for r in rows if r["metric"] == "domain_balanced_acc"]
     victims = {r["victim"] for r in dom}
