@@ -375,3 +375,41 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
     one_line_error(capsys, ["scenario", str(f), "--resume", str(b), "--set", "train.lr=0.07"],
                    "2 finished run(s) (e.g. rotated/fedavg/rot45/s0) were made with another configuration")
     assert {p.name: p.read_bytes() for p in b.iterdir() if p.is_file()} == before    # nothing lost, nothing rewritten
+
+
+PLUGIN_FILE = '''
+from fdg_audit.api.attack import Attack
+{before}
+
+class Probe(Attack):
+    name = "tmp_probe"
+    consumes = ("weights",)
+    outputs = {{"": "nothing"}}
+
+    def run(self, view, aux):
+        return []
+'''
+
+
+@pytest.mark.skipif(not __import__("fdg_audit.sandbox").sandbox.bwrap_works(), reason="needs bubblewrap")
+def test_a_plugin_under_tmp_loads_in_the_bubblewrap_worker(tmp_path, monkeypatch):
+    """The sandbox's own /tmp is mounted before the plugin's read-only source, so a plugin kept under /tmp (here
+    pytest's tmp_path) stays visible to its worker."""
+    from fdg_audit.harness import check_attacks
+    assert str(tmp_path.resolve()).startswith("/tmp/")
+    (tmp_path / "tmp_plugin_ok.py").write_text(PLUGIN_FILE.format(before=""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", "bwrap")
+    check_attacks([{"name": "tmp_plugin_ok:Probe"}])
+
+
+def test_a_plugin_whose_worker_dies_at_import_is_one_line(tmp_path, monkeypatch, capsys):
+    """A plugin that kills its probe worker while being imported stops the scenario with one line, not a
+    traceback, before any training."""
+    (tmp_path / "tmp_plugin_dies.py").write_text(PLUGIN_FILE.format(before="import os\nos._exit(3)"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    f = tmp_path / "s.toml"
+    f.write_text(public_split(SCENARIO) + '\n[[attacks]]\nname = "tmp_plugin_dies:Probe"\n')
+    one_line_error(capsys, ["scenario", str(f), "--out", str(tmp_path / "o"), "--quiet"],
+                   "attack 'tmp_plugin_dies:Probe' could not be loaded in its worker")
+    assert not (tmp_path / "o").exists()
