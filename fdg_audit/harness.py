@@ -174,9 +174,10 @@ def applicable(atk, kinds) -> bool:
 
 
 def wanted(atk, run: RunInfo) -> bool:
-    """The attack's ``targets`` and ``seeds`` filters (empty: every run)."""
+    """The attack's ``targets``, ``seeds`` and ``datasets`` filters (empty: every run)."""
     return (not atk.p.targets or run.target in atk.p.targets) and \
-        (not atk.p.seeds or int(run.seed) in [int(s) for s in atk.p.seeds])
+        (not atk.p.seeds or int(run.seed) in [int(s) for s in atk.p.seeds]) and \
+        (not atk.p.datasets or run.dataset in atk.p.datasets)
 
 
 def _selection(ledger, runs: dict, attacks: list, absent_client: bool = False) -> dict[str, list[str]]:

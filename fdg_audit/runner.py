@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields, is_dataclass
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +68,37 @@ def truth_writer(root: Path):
     return sink
 
 
-def run_config_hash(r: dict) -> str:
-    """sha256 of everything that decides one run's records: ``--resume`` skips a finished run only if it matches."""
+def _default(f):
+    return f.default if f.default is not MISSING else f.default_factory() if f.default_factory is not MISSING else MISSING
+
+
+def _as_recorded(obj, recorded: dict) -> dict:
+    """``asdict(obj)`` without the fields that ``recorded`` (a finished run's summary entry for obj) lacks and obj leaves
+    at their default, recursively: a field a later fdg_audit added, at its default, leaves an old run's configuration
+    what it was."""
+    out = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if f.name not in recorded and v == _default(f):
+            continue
+        sub = recorded.get(f.name)
+        out[f.name] = _as_recorded(v, sub) if is_dataclass(v) and isinstance(sub, dict) else \
+            asdict(v) if is_dataclass(v) else v
+    return out
+
+
+def run_config_hash(r: dict, recorded: dict | None = None) -> str:
+    """sha256 of everything that decides one run's records: ``--resume`` skips a finished run only if it matches.
+    With ``recorded`` (the finished run's summary entry), fields it lacks that r leaves at their default are left out
+    (``_as_recorded``): the hash that run was given before those fields existed."""
     sc = r["sc"]
-    cfg = dict(run=r["run_id"], method=r["method"].name, params=asdict(r["params"]), data=asdict(r["ds"]),
-               model=asdict(sc.model), target=r["target"], seed=r["seed"], store=sc.store, store_rounds=sc.store_rounds,
-               privacy=asdict(r["privacy"]) if r["privacy"] else {})
+    dc = lambda obj, key: asdict(obj) if recorded is None else _as_recorded(obj, recorded.get(key) or {})  # noqa: E731
+    # the summary's data entry lacks label and targets, and a secret split seed: the hash always had them
+    data = asdict(r["ds"]) if recorded is None else \
+        _as_recorded(r["ds"], {**(recorded.get("data") or {}), "label": 0, "targets": 0, "split_seed": 0})
+    cfg = dict(run=r["run_id"], method=r["method"].name, params=dc(r["params"], "params"), data=data,
+               model=dc(sc.model, "model"), target=r["target"], seed=r["seed"], store=sc.store,
+               store_rounds=sc.store_rounds, privacy=(dc(r["privacy"], "privacy")) if r["privacy"] else {})
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -84,7 +109,9 @@ def _resume(root: Path, runs: list[dict]) -> tuple[dict, dict, Ledger]:
         raise UserError(f"--resume {root}: not a run folder (no config.resolved.toml); pass runs/<scenario>/<timestamp>")
     want = {r["run_id"]: run_config_hash(r) for r in runs}
     ok = [s for s in read_summary(root)["runs"] if s["status"] == "ok" and s.get("chain_head")]
-    done = {s["run"]: s for s in ok if want.get(s["run"]) == s.get("config_sha256")}
+    plan_of = {r["run_id"]: r for r in runs}
+    done = {s["run"]: s for s in ok if s["run"] in plan_of and s.get("config_sha256") in
+            (want[s["run"]], run_config_hash(plan_of[s["run"]], s))}
     other = [s["run"] for s in ok if s["run"] not in done]
     if other:   # before anything is written: resuming would drop finished runs from the ledger
         raise UserError(f"--resume {root}: {len(other)} finished run(s) (e.g. {other[0]}) were made with another "
@@ -129,6 +156,11 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds) or set(seeds) - set(sc0.seeds):
             raise UserError(f"attacks.{a['label']}.seeds = {seeds!r}: give a list of this scenario's seeds "
                             f"({sc0.seeds}) or []")
+        labels = {r["ds"].label for r in runs}
+        ds = a.get("datasets", [])
+        if not isinstance(ds, list) or set(ds) - labels:
+            raise UserError(f"attacks.{a['label']}.datasets = {ds!r}: give a list of this scenario's dataset labels "
+                            f"({', '.join(sorted(labels))}) or []")
     if resume:
         root = Path(resume)
         done, rows_by, keep = _resume(root, runs)

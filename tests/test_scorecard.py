@@ -233,14 +233,18 @@ def test_attack_seed_and_target_filters(tmp_path):
     from fdg_audit.harness import wanted
     from fdg_audit.errors import UserError
     from fdg_audit.runner import run_scenario
-    atk = SimpleNamespace(p=SimpleNamespace(targets=["rot0"], seeds=[1]))
-    run = lambda target, seed: SimpleNamespace(target=target, seed=seed)  # noqa: E731  (a RunInfo's fields)
+    atk = SimpleNamespace(p=SimpleNamespace(targets=["rot0"], seeds=[1], datasets=["small"]))
+    run = lambda target, seed, ds="small": SimpleNamespace(target=target, seed=seed, dataset=ds)  # noqa: E731
     assert wanted(atk, run("rot0", 1))
-    assert not wanted(atk, run("rot0", 0)) and not wanted(atk, run("rot15", 1))
-    assert wanted(SimpleNamespace(p=SimpleNamespace(targets=[], seeds=[])), run("x", 5))
+    assert not wanted(atk, run("rot0", 0)) and not wanted(atk, run("rot15", 1)) and not wanted(atk, run("rot0", 1, "big"))
+    assert wanted(SimpleNamespace(p=SimpleNamespace(targets=[], seeds=[], datasets=[])), run("x", 5))
     f = tmp_path / "s.toml"
     f.write_text('seeds = [0]\n[[methods]]\nname = "fedavg"\n[[attacks]]\nname = "mia_loss"\nseeds = [3]\n')
     with pytest.raises(UserError, match=r"attacks.mia_loss.seeds = \[3\]"):
+        run_scenario(str(f), out=str(tmp_path / "runs"), quiet=True)
+    f.write_text('[[datasets]]\nlabel = "d"\n[[methods]]\nname = "fedavg"\n[[attacks]]\nname = "all"\n'
+                 'datasets = ["e"]\n')
+    with pytest.raises(UserError, match=r"attacks.\w+.datasets = \['e'\]: give a list of this scenario's dataset labels \(d\)"):
         run_scenario(str(f), out=str(tmp_path / "runs"), quiet=True)
     assert not (tmp_path / "runs").exists()          # refused before anything ran
 
@@ -465,3 +469,44 @@ def test_attacks_declare_their_threat_model_for_attacks_json():
         _threat(dict(priors={"*": "psychic"}), "a")
     with pytest.raises(UserError, match="not in the priors"):
         _threat(dict(knows=["telepathy"]), "a")
+
+
+def test_reconstruction_is_grouped_by_the_clients_data_size_with_intervals_in_range(tmp_path):
+    """Runs whose data config gives clients fixed sizes: each reconstruction row joins the point of its victim's size
+    (client "<domain>/<k>" holds client_sizes[k] images), averaged over runs with a t-interval cut to the metric's
+    range; victims without a size (a whole domain, "pooled") stay out; an oracle output is flagged."""
+    import json
+
+    from fdg_audit.report import curves as CV
+    from fdg_audit.report import tables as T
+    from test_report import LEAK_FIELDS, fabricate, leak_row, write_csv
+    root = fabricate(tmp_path / "r", extra=False)
+    summary = json.loads((root / "summary.json").read_text())
+    for r in summary["runs"]:
+        r["data"] = {"client_sizes": [1, 64]}
+    (root / "summary.json").write_text(json.dumps(summary))
+    rng = np.random.default_rng(0)
+    leak = []
+    for r in summary["runs"]:
+        if r["status"] == "ok":
+            for out, small in (("main", rng.choice([0.9, 1.0])), ("gen", 1.0)):
+                leak += [leak_row(r["run"], "pr", "weights", "B/0", 1, "success@25dB", small, 0.0, output=out),
+                         leak_row(r["run"], "pr", "weights", "B/1", 1, "success@25dB", 0.0, 0.0, output=out),
+                         leak_row(r["run"], "pr", "weights", "B/1", 1, "psnr", 30.0 + 5 * rng.random(), 12.0,
+                                  output=out),
+                         leak_row(r["run"], "pr", "weights", "B", 1, "success@25dB", 0.5, 0.0, output=out)]
+    write_csv(root / "leakage.csv", leak, LEAK_FIELDS)
+    (root / "attacks.json").write_text(json.dumps({"pr": DESC}))
+    res = T.load([root])
+    rows = CV.by_size(res)
+    pts = {(r["key"][1], r["output"], r["metric"], r["size"]): r for r in rows}
+    assert {k[3] for k in pts} == {1, 64}                 # the whole-domain victim "B" has no size
+    small, big = pts[("fedavg", "main", "success@25dB", 1)], pts[("fedavg", "main", "success@25dB", 64)]
+    assert small["value"]["n"] == 6 and 0.9 <= small["value"]["mean"] <= 1.0   # 2 targets x 3 seeds
+    assert 0.0 <= small["value"]["lo"] <= small["value"]["hi"] <= 1.0
+    assert big["value"]["mean"] == 0.0 and small["budget"] == "400x2" and small["prior"] == "none"
+    assert pts[("fedavg", "gen", "success@25dB", 1)]["oracle"] and not small["oracle"]
+    p = pts[("feddg", "main", "psnr", 64)]
+    assert 30 <= p["value"]["mean"] <= 35 and p["baseline"]["mean"] == 12.0 and p["value"]["hi"] <= 60.0
+    md = "\n".join(CV.curve_md(res, rows, ["size_curve_digits.png"]))
+    assert "| 1 images | 64 images |" in md and "oracle: upper bound" in md and "plots/size_curve_digits.png" in md

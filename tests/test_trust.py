@@ -376,6 +376,24 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
                    "2 finished run(s) (e.g. rotated/fedavg/rot45/s0) were made with another configuration")
     assert {p.name: p.read_bytes() for p in b.iterdir() if p.is_file()} == before    # nothing lost, nothing rewritten
 
+    # a folder made before a field existed (here data.client_sizes): its runs were hashed without the field, and the
+    # field at its default leaves their configuration what it was, so they resume; set to anything else, it does not
+    summary = json.loads((b / "summary.json").read_text())
+    import hashlib
+    for r in summary["runs"]:
+        r["data"].pop("client_sizes")
+        cfg = dict(run=r["run"], method=r["plugin"], params=r["params"],
+                   data=dict(r["data"], label="rotated", targets=["rot45", "rot30"]), model=r["model"],
+                   target=r["target"], seed=r["seed"], store="all", store_rounds=[], privacy={})
+        r["config_sha256"] = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
+    (b / "summary.json").write_text(json.dumps(summary))
+    one_line_error(capsys, ["scenario", str(f), "--resume", str(b), "--set", "data.client_sizes=[2, 3]"],
+                   "2 finished run(s) (e.g. rotated/fedavg/rot45/s0) were made with another configuration")
+    assert main(["scenario", str(f), "--resume", str(b), "--quiet"]) == 0
+    assert sorted(json.loads((b / "manifest.json").read_text())["resumed_with"]) == ["rotated/fedavg/rot30/s0",
+                                                                                    "rotated/fedavg/rot45/s0"]
+    assert (a / "messages.jsonl").read_bytes() == (b / "messages.jsonl").read_bytes()     # nothing trained again
+
 
 PLUGIN_FILE = '''
 from fdg_audit.api.attack import Attack

@@ -65,6 +65,7 @@ class AttackParams:
     max_victims: int = 0          # 0 = every victim the adversary can see
     targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
     seeds: list = field(default_factory=list)     # attack only runs of these seeds ([] = every run)
+    datasets: list = field(default_factory=list)  # attack only runs of these [[datasets]] labels ([] = every run)
     seed: int = 0                 # the attack's own randomness (the harness salts it with each run's seed)
 
 

@@ -51,6 +51,10 @@ def load_data(cfg: DataConfig) -> DomainSet:
         ds = _load(cfg)
     ds = skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
     ds.clients_per_domain, ds.client_alpha, ds.split_seed = cfg.clients_per_domain, cfg.client_alpha, cfg.split_seed
+    if cfg.client_sizes:
+        ds.clients_per_domain, ds.client_sizes = len(cfg.client_sizes), tuple(cfg.client_sizes)
+        for d in ds.names:   # a domain too small for the sizes is refused now, not when its run starts
+            ds.clients(d)
     return ds
 
 

@@ -43,6 +43,7 @@ class DomainSet:
     size: int
     clients_per_domain: int = 1   # each domain is split into this many clients "<domain>/<k>" (1: the domain itself)
     client_alpha: float = 0.0     # 0: IID client split; > 0: Dirichlet(alpha) label skew across a domain's clients
+    client_sizes: tuple = ()      # clients of exactly these training-set sizes instead (DataConfig.client_sizes)
     split_seed: int = 0
     layout: dict = field(default_factory=dict)   # the public generator of the domains, for layout priors (see Aux)
     public: Split | None = None   # data.public: the server's public domain (train + val, labelled), not a run domain
@@ -68,13 +69,13 @@ class DomainSet:
     def clients(self, domain: str) -> list[Domain]:
         """The clients of one domain (deterministic in split_seed); with one client per domain, the domain."""
         d = next(d for d in self.domains if d.name == domain)
-        if self.clients_per_domain == 1:
+        if self.clients_per_domain == 1 and not self.client_sizes:
             return [d]
-        key = (domain, self.clients_per_domain, self.client_alpha, self.split_seed)
+        key = (domain, self.clients_per_domain, self.client_alpha, tuple(self.client_sizes), self.split_seed)
         cache = self.__dict__.setdefault("_clients", {})
         if key not in cache:
             seed = seeding.seq(self.split_seed, 3000, domain)   # by name: same in a domain subset
-            cache[key] = split_clients(d, self.clients_per_domain, self.client_alpha, seed)
+            cache[key] = split_clients(d, self.clients_per_domain, self.client_alpha, seed, self.client_sizes)
         return cache[key]
 
     def domain_of(self, client: str) -> str:
@@ -97,6 +98,10 @@ class DataConfig:
     label_skew: float = 0.0  # > 0: per-domain class proportions of the TRAIN splits ~ Dirichlet(label_skew); 0 = off
     clients_per_domain: int = 1  # split each source domain into this many clients, named "<domain>/<k>"
     client_alpha: float = 0.0    # 0: IID client split; > 0: class proportions across a domain's clients ~ Dirichlet
+    client_sizes: list = field(default_factory=list)  # [n_0, n_1, ...]: each source domain's clients "<domain>/<k>"
+                                 # hold exactly n_k training images (an IID draw; the domain's other training images
+                                 # are unused), e.g. [1, 4, 16, 64] for attack curves over client data size; sets
+                                 # clients_per_domain to its length ([] = off)
     public: str = ""  # a domain of the same family held by the server as public data (DomainSet.public), neither source
                       # nor target; its images are disjoint from every run domain's ("" = none)
 
@@ -156,6 +161,13 @@ def _validate(cfg: DataConfig) -> None:
     if not isinstance(cfg.clients_per_domain, int) or isinstance(cfg.clients_per_domain, bool) \
             or cfg.clients_per_domain < 1:
         raise UserError(f"data.clients_per_domain = {cfg.clients_per_domain!r} is invalid: use an integer >= 1")
+    cs = cfg.client_sizes
+    if not isinstance(cs, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in cs):
+        raise UserError(f"data.client_sizes = {cs!r} is invalid: use a list of training-set sizes >= 1, e.g. "
+                        f"[1, 4, 16, 64], or [] (off)")
+    if cs and (cfg.clients_per_domain not in (1, len(cs)) or cfg.client_alpha):
+        raise UserError(f"data.client_sizes = {cs} sets the clients of each domain itself: drop "
+                        f"data.clients_per_domain and data.client_alpha")
     if not isinstance(cfg.client_alpha, (int, float)) or cfg.client_alpha < 0:
         raise UserError(f"data.client_alpha = {cfg.client_alpha!r} is invalid: use 0 (IID clients) or a Dirichlet "
                         f"concentration > 0, e.g. 0.5 (smaller = more label skew between clients)")
@@ -192,16 +204,21 @@ def _cut(n: int, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
     return [np.sort(c) for c in np.array_split(rng.permutation(n), parts)]
 
 
-def split_clients(d: Domain, n: int, alpha: float, seed) -> list[Domain]:
-    """Split a domain into n clients "<name>/<k>": the validation split IID; the training split IID (alpha = 0) or
+def split_clients(d: Domain, n: int, alpha: float, seed, sizes=()) -> list[Domain]:
+    """Split a domain into n clients "<name>/<k>": the validation split IID; the training split IID (alpha = 0),
     with per-class client proportions ~ Dirichlet(alpha) (Hsu et al. 2019), redrawn until every client holds an
-    image (UserError after 100 tries)."""
+    image (UserError after 100 tries), or, with ``sizes``, client k holds sizes[k] training images of one IID draw
+    (the rest unused)."""
     rng = np.random.default_rng(seed)
     y = d.train.y.numpy()
-    if n > len(y) or n > max(1, len(d.val.y)):
+    n = len(sizes) or n
+    if n > len(y) or n > max(1, len(d.val.y)) or sum(sizes) > len(y):
         raise UserError(f"domain {d.name} has {len(y)} training / {len(d.val.y)} validation images, too few for "
-                        f"{n} clients: lower data.clients_per_domain or raise data.per_domain")
-    if not alpha:
+                        f"{n} clients" + (f" of {sum(sizes)} training images" if sizes else "") +
+                        ": lower data.clients_per_domain (or data.client_sizes) or raise data.per_domain")
+    if sizes:
+        train = [np.sort(c) for c in np.split(rng.permutation(len(y))[:sum(sizes)], np.cumsum(sizes)[:-1])]
+    elif not alpha:
         train = _cut(len(y), n, rng)
     else:
         for _ in range(100):

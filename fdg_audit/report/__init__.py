@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
+from . import curves as CV
 from . import plots as P
 from . import scorecard as SC
 from . import tables as T
@@ -298,6 +299,8 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     byte_files = P.bytes_per_round(res, by, plots)
     eps_files = P.privacy(res, acc, eps, plots)
     roc_files, rec_files = P.roc(res, plots), P.recon(res, plots)
+    curve = CV.by_size(res)
+    curve_files = P.size_curve(res, curve, plots)
     failed = [r for r in res.runs if r.get("status") != "ok"]
     src = [str(r) for r in res.roots]
     md = [f"# fdg_audit report: {', '.join(dict.fromkeys(res.scenarios))}", "",
@@ -306,6 +309,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     md += runs_md + [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
     md += [f"- note: {n}" for n in res.notes] + ([""] if failed or res.notes else [])
     md += verdict_md(res, card) + _scorecard_md(res, card) + differences_md(res) + _victims_md(res)
+    md += CV.curve_md(res, curve, curve_files)
     md += _tradeoff_md(res, trade_files)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files]) + _privacy_md(res, acc, eps, eps_files)

@@ -328,3 +328,37 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
                      f"caption)", fontsize=10)
         files.append(_save(fig, out, f"recon_{slug(attack)}.png"))
     return files
+
+
+def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
+    """Per dataset family with fixed client sizes (report/curves.py): success@25dB against the client's training-set
+    size (log axis), one line per method, attack and output variant, with its 95% t-interval; oracle priors dashed."""
+    files, col = [], colors(res)
+    rows = [r for r in rows if r["metric"] == "success@25dB"]
+    for ds in dict.fromkeys(r["key"][0] for r in rows):
+        fig = _fig(7.5, 4.6)
+        ax = fig.subplots()
+        lines = defaultdict(list)
+        for r in rows:
+            if r["key"][0] == ds:
+                lines[(r["key"], r["attack"], r["output"])].append(r)
+        for (g, a, o), rs in lines.items():
+            rs.sort(key=lambda r: r["size"])
+            x = [r["size"] for r in rs]
+            y = [r["value"]["mean"] for r in rs]
+            lo = [0 if r["value"]["lo"] != r["value"]["lo"] else r["value"]["mean"] - r["value"]["lo"] for r in rs]
+            hi = [0 if r["value"]["hi"] != r["value"]["hi"] else r["value"]["hi"] - r["value"]["mean"] for r in rs]
+            name = f"{res.label(g)}: {a}" + ("" if o == "main" else f" ({o})") + (" [oracle]" if rs[0]["oracle"] else "")
+            ax.errorbar(x, y, yerr=[lo, hi], color=col[g], ls="--" if rs[0]["oracle"] else "-", marker="o",
+                        capsize=3, label=name, alpha=0.85)
+        n = sorted({r["value"]["n"] for rs in lines.values() for r in rs})
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("client training-set size (images)")
+        ax.set_ylabel("success@25dB (share of images, PSNR >= 25 dB)")
+        ax.set_title(f"{ds}: reconstruction against client data size\nmean over victims "
+                     f"(n = {n[0]}" + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% t-intervals; dashed: oracle "
+                     "prior (upper bound)", fontsize=9)
+        ax.legend(fontsize=6.5, loc="best")
+        files.append(_save(fig, out, f"size_curve_{slug(ds)}.png"))
+    return files

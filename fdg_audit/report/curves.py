@@ -1,0 +1,84 @@
+"""Reconstruction against the client's data size (issue 19, item 3): where a dataset gives its clients fixed
+training-set sizes (``data.client_sizes``, e.g. [1, 4, 16, 64]), every reconstruction attack's per-victim rows of
+leakage.csv are grouped by the victim's size. One point per (group, attack, output variant, size): the mean over the
+attacked victims (one per run and source domain) of success@25dB (the fraction of a victim's images at PSNR >= 25 dB)
+and of PSNR, each with its 95% Student-t interval over those victims cut to the metric's range, their number, and the
+same for the attack's own baseline. The output's prior and budget come from attacks.json (report/threat.py); an oracle
+prior is an upper bound, flagged so, and drawn dashed.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..api.attack import ORACLE
+from ..metrics import stats as S
+from ..metrics.image import PSNR_CAP_DB
+from . import tables as T
+from . import threat as TH
+from .formatting import md_table, num
+
+METRICS = {"success@25dB": 1.0, "psnr": PSNR_CAP_DB}   # metric -> upper end of its range
+
+
+def client_size(run: dict, victim: str) -> int | None:
+    """The training-set size of client ``victim`` ("<domain>/<k>") in a run whose data config sets client_sizes."""
+    sizes = (run.get("data") or {}).get("client_sizes") or []
+    dom, _, k = victim.rpartition("/")
+    return int(sizes[int(k)]) if dom and k.isdigit() and int(k) < len(sizes) else None
+
+
+def _ci(values, top: float) -> dict:
+    m, lo, hi, n = S.t_interval(values)
+    cut = lambda x: x if x != x else min(max(x, 0.0), top)  # noqa: E731
+    return dict(mean=m, lo=cut(lo), hi=cut(hi), n=n)
+
+
+def by_size(res: T.Results) -> list[dict]:
+    """One row per (group, attack, output, client size, metric) of the runs whose clients have fixed sizes."""
+    runs, gof = {r["run"]: r for r in res.ok}, res.group_of()
+    by = defaultdict(list)
+    for r in res.leakage:
+        if r["metric"] in METRICS and r["run"] in gof and r.get("status") in ("ok", "") and r["victim"] != "pooled":
+            n = client_size(runs[r["run"]], r["victim"])
+            if n is not None:
+                by[(gof[r["run"]], r["attack"], r.get("output") or "main", r["metric"], n)].append(r)
+    out = []
+    for (g, a, o, metric, n), rs in sorted(by.items(), key=lambda kv: (str(kv[0][:4]), kv[0][4])):
+        desc = res.attacks.get(a, {})
+        out.append(dict(key=g, attack=a, output=o, metric=metric, size=n, prior=TH.prior(desc, o),
+                        budget=TH.budget(desc, o), oracle=TH.prior(desc, o) == ORACLE,
+                        value=_ci([num(r["value"]) for r in rs], METRICS[metric]),
+                        baseline=_ci([num(r["baseline"]) for r in rs], METRICS[metric])))
+    return out
+
+
+def _cell(s: dict, d: int) -> str:
+    if not s["n"]:
+        return "—"
+    iv = "" if s["lo"] != s["lo"] else f" [{s['lo']:.{d}f}, {s['hi']:.{d}f}]"
+    return f"{s['mean']:.{d}f}{iv}"
+
+
+def curve_md(res: T.Results, rows: list[dict], files: list[str]) -> list[str]:
+    """The report's section: one table per dataset family with fixed client sizes, and the figures."""
+    if not rows:
+        return []
+    md = ["## Reconstruction against the client's data size", "",
+          "Per method, attack and prior: success@25dB (share of a victim's images at PSNR >= 25 dB) and mean PSNR "
+          "(dB) per client training-set size, mean [95% t-interval] over the attacked victims (n: one per run and "
+          "source domain), each next to the attack's own baseline. Oracle priors are upper bounds, not findings.", ""]
+    sizes = sorted({r["size"] for r in rows})
+    cells = {(r["key"], r["attack"], r["output"], r["metric"], r["size"]): r for r in rows}
+    for metric, d in (("success@25dB", 2), ("psnr", 1)):
+        body = []
+        for key in dict.fromkeys((r["key"], r["attack"], r["output"]) for r in rows if r["metric"] == metric):
+            first = next(cells[(*key, metric, n)] for n in sizes if (*key, metric, n) in cells)
+            name = (f"{res.label(key[0])}, {key[1]}" + ("" if key[2] == "main" else f" ({key[2]})")
+                    + (" — oracle: upper bound" if first["oracle"] else ""))
+            got = [cells.get((*key, metric, n)) for n in sizes]
+            body.append([name, first["prior"] or "—", first["budget"] or "—"]
+                        + [_cell(c["value"], d) + f" (n = {c['value']['n']}; baseline {_cell(c['baseline'], d)})"
+                           if c else "—" for c in got])
+        md += [f"**{metric}**", "", md_table(["method, attack (variant)", "prior", "budget"]
+                                             + [f"{n} images" for n in sizes], body), ""]
+    return md + [f"![reconstruction against client data size](plots/{f})" for f in files] + [""]
