@@ -111,6 +111,24 @@ def test_heldout_with_few_items_never_leaves_an_empty_half():
     assert sel == "first" and i == 0
 
 
+def test_heldout_never_chooses_a_candidate_with_an_empty_half():
+    """Victims of different sizes as candidates (a client of 1 image next to one of 4): a one-image victim that wins on
+    half A has nothing left on half B (an empty, NaN cell before). It is not chosen; a victim with images in both
+    halves is; when no candidate spans both halves, nothing is chosen on data."""
+    for salt in range(40):
+        ids4 = np.arange(4) + 100
+        lone = next(i for i in range(1000) if not S.half(np.array([i]), salt)[0])   # an id on half A
+        cands = [S.Items("mean", np.array([60.0]), ids=np.array([lone])), S.Items("mean", np.full(4, 10.0), ids=ids4)]
+        i, items, sel = S.heldout(cands, higher=True, salt=salt)
+        assert len(items) >= 1 and np.isfinite(items.stat())
+        if sel.startswith("heldout"):
+            assert i == 1 and items.stat() == 10.0
+    a, b = (next(i for i in range(1000) if S.half(np.array([i]), 3)[0] == h) for h in (False, True))
+    i, items, sel = S.heldout([S.Items("mean", np.array([5.0]), ids=np.array([a])),
+                               S.Items("mean", np.array([7.0]), ids=np.array([b]))], salt=3)
+    assert sel == "mean" and items.stat() == 6.0
+
+
 def test_paired_difference_interval():
     rng = np.random.default_rng(4)
     a = [S.Items("mean", rng.normal(1.0, 1, 80), ids=np.arange(80)) for _ in range(3)]

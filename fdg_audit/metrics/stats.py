@@ -249,27 +249,36 @@ def heldout(cands: list[Items], higher: bool = True, salt: int = 0) -> tuple[int
     Few items (e.g. estimates, whose items are the victims): when the hash leaves a half empty, the distinct ids
     are ranked by their hash and alternate between the halves ("heldout-ranked"); with a single item no split is
     possible and nothing is chosen on data: the candidates' values are averaged ("mean", per-item "mean" kinds),
-    else the first candidate in the harness's order is taken ("first")."""
+    else the first candidate in the harness's order is taken ("first"). Only a candidate with items in both halves
+    can be chosen (its value is its half B); when none has, nothing is chosen on data, as with a single item."""
     if len(cands) == 1:
         return 0, cands[0], "single"
     cands = [c if c.ids is not None else Items(c.kind, c.x, c.y, np.arange(len(c))) for c in cands]
     ids = np.unique(np.concatenate([c.ids for c in cands]))
     inb = half(ids, salt)
     how = "heldout"
+    if len(ids) < 2:
+        return _no_choice(cands, ids)
     if inb.all() or not inb.any():
-        if len(ids) < 2:
-            if all(c.kind == "mean" for c in cands):
-                return 0, Items("mean", np.array([np.mean([c.stat() for c in cands])]), ids=ids[:1]), "mean"
-            return 0, cands[0], "first"
         inb = np.zeros(len(ids), bool)
         inb[np.argsort(_mix(ids, salt), kind="stable")[1::2]] = True
         how = "heldout-ranked"
     split = lambda c: inb[np.searchsorted(ids, c.ids)]  # noqa: E731  (half of each of c's items)
-    best, best_v = 0, None
+    best, best_v = None, None
     for i, c in enumerate(cands):
-        a = c.sub(~split(c))
-        v = a.stat() if len(a) else np.nan
+        a, b = c.sub(~split(c)), c.sub(split(c))
+        v = a.stat() if len(a) and len(b) else np.nan   # only a candidate with items in both halves can be chosen
         if np.isfinite(v) and (best_v is None or (v > best_v if higher else v < best_v)):
             best, best_v = i, v
+    if best is None:   # no candidate spans both halves (e.g. victims of one image each): nothing is chosen on data
+        return _no_choice(cands, ids)
     c = cands[best]
     return best, c.sub(split(c)), how
+
+
+def _no_choice(cands: list[Items], ids: np.ndarray) -> tuple[int, Items, str]:
+    """No held-out choice possible: the candidates' values averaged ("mean", per-item "mean" kinds), else the first
+    candidate in the harness's order ("first")."""
+    if all(c.kind == "mean" for c in cands):
+        return 0, Items("mean", np.array([np.mean([c.stat() for c in cands])]), ids=ids[:1]), "mean"
+    return 0, cands[0], "first"
