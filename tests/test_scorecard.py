@@ -419,6 +419,28 @@ def test_a_large_membership_pool_resolves_and_gives_low_fpr_tprs(tmp_path):
     assert float(dg["tpr@0.01fpr"]) > 0.5 and dg["tpr@0.001fpr"] != "" and float(dg["min_auc"]) < 0.54
 
 
+def test_membership_cells_pool_every_victim_calibrated_within_its_model(tmp_path):
+    """Three victims per run, each 60 members N(2, 1) and 60 non-members N(0, 1) on its own offset (0, 10, 20: the
+    scale of one model's losses says nothing of another's), plus the harness's victim-pooled scores. The cell pools
+    every victim's items (3 x 120 per run, one candidate, so no held-out half), not one victim's held-out half, and
+    scores them calibrated within each victim's model, so the offsets cost nothing: AUC near the binormal 0.92,
+    where the raw pool gives about 0.64."""
+    rng = np.random.default_rng(7)
+
+    def rows(r):
+        vs = [_auc_row(v, 60, 2.0, rng) for v in "BCD"]
+        for k, v in enumerate(vs):
+            v["items"].x[:] += 10.0 * k
+        pooled = S.Items("auc", np.concatenate([v["items"].x for v in vs]), np.concatenate([v["items"].y for v in vs]),
+                         np.concatenate([v["items"].ids for v in vs]))
+        return [("mia", v) for v in vs] + [("mia", dict(vs[0], victim="pooled", items=pooled))]
+    cell, _ = _card(tmp_path, rows)
+    dg = cell[("feddg", "membership", "")]
+    n = int(dg["n_items"])
+    assert n > int(dg["n_runs"]) * 3 * 60 and int(dg["pool_members"]) + int(dg["pool_nonmembers"]) == n
+    assert 0.86 < float(dg["value"]) < 0.97
+
+
 def test_min_detectable_auc_has_its_power():
     """At the smallest detectable AUC for 100 + 100, a one-sided test against 0.5 rejects 80% of the time (binormal
     scores), and the size shrinks the detectable AUC towards 0.5."""

@@ -332,33 +332,40 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
 
 def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
     """Per dataset family with fixed client sizes (report/curves.py): success@25dB against the client's training-set
-    size (log axis), one line per method, attack and output variant, with its 95% t-interval; oracle priors dashed."""
-    files, col = [], colors(res)
+    size (log axis), one panel per method on shared axes, one line per attack and output variant with its 95%
+    t-interval (lines nudged apart on x so their intervals stay visible); oracle priors dashed."""
+    files = []
     rows = [r for r in rows if r["metric"] == "success@25dB"]
     for ds in dict.fromkeys(r["key"][0] for r in rows):
-        fig = _fig(7.5, 4.6)
-        ax = fig.subplots()
         lines = defaultdict(list)
         for r in rows:
             if r["key"][0] == ds:
                 lines[(r["key"], r["attack"], r["output"])].append(r)
+        groups = list(dict.fromkeys(g for g, _, _ in lines))
+        channels = list(dict.fromkeys((a, o) for _, a, o in lines))
+        fig = _fig(3.2 * len(groups) + 1.5, 4.2)
+        axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
         for (g, a, o), rs in lines.items():
+            ax, i = axes[groups.index(g)], channels.index((a, o))
             rs.sort(key=lambda r: r["size"])
-            x = [r["size"] for r in rs]
+            x = [r["size"] * 2 ** (0.06 * (i - (len(channels) - 1) / 2)) for r in rs]
             y = [r["value"]["mean"] for r in rs]
             lo = [0 if r["value"]["lo"] != r["value"]["lo"] else r["value"]["mean"] - r["value"]["lo"] for r in rs]
             hi = [0 if r["value"]["hi"] != r["value"]["hi"] else r["value"]["hi"] - r["value"]["mean"] for r in rs]
-            name = f"{res.label(g)}: {a}" + ("" if o == "main" else f" ({o})") + (" [oracle]" if rs[0]["oracle"] else "")
-            ax.errorbar(x, y, yerr=[lo, hi], color=col[g], ls="--" if rs[0]["oracle"] else "-", marker="o",
-                        capsize=3, label=name, alpha=0.85)
+            name = a + ("" if o == "main" else f" ({o})") + (" [oracle]" if rs[0]["oracle"] else "")
+            ax.errorbar(x, y, yerr=[lo, hi], color=f"C{i % 10}", marker="os^vDP*X<>"[i % 10], capsize=2,
+                        ls="--" if rs[0]["oracle"] else "-", label=name, alpha=0.85)
+        for ax, g in zip(axes, groups):
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_title(res.label(g), fontsize=9)
+            ax.set_xlabel("client training-set size (images)")
+        axes[0].set_ylabel("success@25dB (share of images, PSNR >= 25 dB)")
         n = sorted({r["value"]["n"] for rs in lines.values() for r in rs})
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_xlabel("client training-set size (images)")
-        ax.set_ylabel("success@25dB (share of images, PSNR >= 25 dB)")
-        ax.set_title(f"{ds}: reconstruction against client data size\nmean over victims "
-                     f"(n = {n[0]}" + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% t-intervals; dashed: oracle "
-                     "prior (upper bound)", fontsize=9)
-        ax.legend(fontsize=6.5, loc="best")
+        fig.suptitle(f"{ds}: reconstruction against client data size; mean over victims (n = {n[0]}"
+                     + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% t-intervals; dashed: oracle prior (upper bound)",
+                     fontsize=9)
+        handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+        fig.legend(list(handles.values()), list(handles), fontsize=7, loc="outside lower center", ncol=3)
         files.append(_save(fig, out, f"size_curve_{slug(ds)}.png"))
     return files

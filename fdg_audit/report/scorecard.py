@@ -15,7 +15,8 @@ rows.
     see ``heldout`` ("heldout-ranked", "mean", "first"). Estimates
     (label counts, dataset size) have one value per victim, so their items are the victims. The value is the mean
     over runs; ci_low/ci_high: the 95% Student-t interval over the runs' values (n_runs of them; one run: the item
-    bootstrap; fdg_audit.metrics.stats).
+    bootstrap; fdg_audit.metrics.stats). Membership: an output's victim-pooled scores (victim "pooled", calibrated
+    within each victim's model) replace its per-victim candidates, so a cell pools victims and runs (cells.py).
   * baseline: the chosen candidate's own trivial attack on the same items (the same victim and the same held-out
     half) where it has per-item values (reconstruction: mean / flat images; dataset size: the attacker's own public
     set size; domain: the known-victim guess, fdg_audit.scoring.score), else the constant of leakage.csv (0.5 AUC,
@@ -90,7 +91,8 @@ def _candidates(res: T.Results) -> dict:
                 continue
             c = dict(attack=r["attack"], artifact=r["artifact"], output=r["output"] or "", metric=r["metric"],
                      items=r["items"], base=r["base"], ok=str(r.get("status", "ok")) in ("ok", ""),
-                     role=role(str(r["adversary"])), round=r["round"], setting=TH.setting(desc, r["output"] or ""))
+                     role=role(str(r["adversary"])), round=r["round"], setting=TH.setting(desc, r["output"] or ""),
+                     victim=str(r.get("victim")))
             if info(r["metric"]).per_victim:
                 est[tuple(c[k] for k in ("attack", "artifact", "output", "metric", "role", "round", "ok",
                                          "setting"))].append(c)
@@ -101,6 +103,28 @@ def _candidates(res: T.Results) -> dict:
                 "mean", np.concatenate([c[k].x for c in cs]), ids=np.concatenate([c[k].ids for c in cs]))
             c = dict(cs[0], items=cat("items"), base=cat("base"))
             out[key(c)][f["run"]].append(c)
+        for k, runs in out.items():
+            if k[1] == "membership" and f["run"] in runs:
+                runs[f["run"]] = _victims_pooled(runs[f["run"]])
+    return out
+
+
+def _victims_pooled(cands: list) -> list:
+    """Membership candidates of one run: where an output was also scored over every victim at once (victim
+    "pooled"), that pooled candidate replaces its per-victim ones, its scores calibrated within each victim's model
+    (``metrics.membership.calibrate`` keyed by the victim salt of each item's id; label-free), so a cell's pool
+    spans victims and runs."""
+    from ..metrics import membership as MM
+    same = lambda c: (c["attack"], c["artifact"], c["output"], c["metric"], c["round"])  # noqa: E731
+    pooled = {same(c) for c in cands if c["victim"] == "pooled"}
+    out = []
+    for c in cands:
+        it = c["items"]
+        if c["victim"] == "pooled" and it is not None and it.ids is not None:
+            x = MM.calibrate(np.asarray(it.x, float), np.asarray(it.ids, np.int64) >> 32)
+            out.append(dict(c, items=S.Items(it.kind, x, it.y, it.ids)))
+        elif same(c) not in pooled:
+            out.append(c)
     return out
 
 
