@@ -387,8 +387,10 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
         from .scenario import Scenario, load_raw, parse
         cfg = root / "config.resolved.toml"   # its attacks, and its parallel and threads settings
         sc = parse(load_raw(cfg)) if cfg.exists() or not names else Scenario()
-        cfgs = [{"name": n} for n in names] if names else \
-            [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks] or \
-            [{"name": n} for n in sorted(available("attack"))]
+        conf = [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks]
+        # a name on the command line takes the folder's settings of the entry of that label (else of that name)
+        pick = lambda n: next((c for c in conf if c["label"] == n), None) or \
+            next((c for c in conf if c["name"] == n), None) or {"name": n}  # noqa: E731
+        cfgs = [pick(n) for n in names] if names else conf or [{"name": n} for n in sorted(available("attack"))]
         out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
     return f"leakage: {out}"

@@ -217,6 +217,18 @@ def test_cli_reruns_attacks_on_a_finished_run(root):
     assert {r["victim"] for r in rows(root, attack="spy")} == {"rot15", "rot30", "pooled"}
 
 
+def test_a_name_on_the_command_line_takes_the_folders_settings_for_it(root, tmp_path, capsys):
+    """``attack RUN_DIR --attacks NAME`` runs NAME with the settings the folder's scenario gave it (here the curious
+    client rot15 instead of the default first client), not with the attack's defaults."""
+    import shutil
+    copy = shutil.copytree(root, tmp_path / "copy")
+    cfg = copy / "config.resolved.toml"
+    cfg.write_text(cfg.read_text() + f'\n[[attacks]]\nname = "{HERE}:Spy"\nas_client = "rot15"\n')
+    (copy / "leakage.csv").unlink(missing_ok=True)
+    assert main(["attack", str(copy), "--attacks", f"{HERE}:Spy", "--quiet"]) == 0, capsys.readouterr().err
+    assert {r["victim"] for r in rows(copy, attack=f"{HERE}:Spy")} == {"rot0", "rot30", "pooled"}
+
+
 def test_attacking_a_finished_folder_reads_its_run_records_and_never_plans(root, monkeypatch, capsys):
     import fdg_audit.scenario as S
     def boom(*a, **k):
