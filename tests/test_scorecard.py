@@ -441,6 +441,23 @@ def test_membership_cells_pool_every_victim_calibrated_within_its_model(tmp_path
     assert 0.86 < float(dg["value"]) < 0.97
 
 
+def test_low_fpr_tprs_are_not_read_where_calibrated_quantiles_tie(tmp_path):
+    """60 victims per run of 6 members and 6 non-members each (the DP scenario's clients): an attack well above
+    chance, a pool of thousands, yet within-model quantiles take 12 values, so the non-members ranked first in their
+    model (several % of them) tie at the top and no threshold reaches 1% FPR: TPR@1% and @0.1% are not given (they
+    would read 0 whatever the attack)."""
+    rng = np.random.default_rng(8)
+
+    def rows(r):
+        vs = [_auc_row(f"c{k}", 6, 1.0, rng) for k in range(60)]
+        pooled = S.Items("auc", np.concatenate([v["items"].x for v in vs]), np.concatenate([v["items"].y for v in vs]),
+                         np.concatenate([v["items"].ids for v in vs]))
+        return [("mia", dict(vs[0], victim="pooled", items=pooled))]
+    dg = _card(tmp_path, rows)[0][("feddg", "membership", "")]
+    assert int(dg["pool_nonmembers"]) >= 1000 and float(dg["value"]) > 0.7
+    assert dg["tpr@0.01fpr"] == "" and dg["tpr@0.001fpr"] == ""
+
+
 def test_min_detectable_auc_has_its_power():
     """At the smallest detectable AUC for 100 + 100, a one-sided test against 0.5 rejects 80% of the time (binormal
     scores), and the size shrinks the detectable AUC towards 0.5."""

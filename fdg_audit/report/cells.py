@@ -10,7 +10,9 @@
   over the cell's runs (targets x seeds) and victims. The pool's size is reported (members, non-members), with the
   smallest AUC a one-sided test against 0.5 detects at that size (alpha 0.05, power 0.8, Hanley-McNeil variance;
   ``metrics.membership.min_detectable_auc``). Below ``MIN_POOL`` of either the cell is "not resolvable". TPR at 1 % and
-  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members.
+  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members, and where some
+  threshold reaches that FPR: calibrated quantiles of models with few candidates tie across models (6 non-members
+  per model can not resolve 1 %), and such a TPR would read 0 whatever the attack.
 """
 from __future__ import annotations
 
@@ -78,8 +80,11 @@ def pool(sel: dict) -> dict:
     n1, n0 = int(y.sum()), int(len(y) - y.sum())
     out = dict(pool_members=n1, pool_nonmembers=n0, min_auc=_fmt(MM.min_detectable_auc(n1, n0)),
                _resolvable=min(n1, n0) >= MM.MIN_POOL)
+    from sklearn.metrics import roc_curve
+    first = roc_curve(y, x)[0] if n1 and n0 else np.array([1.0])
+    first = first[first > 0].min()   # the least FPR a threshold reaches: quantiles of small per-model pools tie
     for f in TPR_AT:
-        t = MM.tpr_at_fpr(x, y, f) if n1 and n0 and MM.resolvable(n0, f) else NAN
+        t = MM.tpr_at_fpr(x, y, f) if n1 and n0 and MM.resolvable(n0, f) and first <= f + 1e-12 else NAN
         out[f"tpr@{f:g}fpr"] = _fmt(t)
     return out
 
