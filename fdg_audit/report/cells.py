@@ -10,9 +10,10 @@
   over the cell's runs (targets x seeds) and victims. The pool's size is reported (members, non-members), with the
   smallest AUC a one-sided test against 0.5 detects at that size (alpha 0.05, power 0.8, Hanley-McNeil variance;
   ``metrics.membership.min_detectable_auc``). Below ``MIN_POOL`` of either the cell is "not resolvable". TPR at 1 % and
-  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members, and where some
-  threshold reaches that FPR: calibrated quantiles of models with few candidates tie across models (6 non-members
-  per model can not resolve 1 %), and such a TPR would read 0 whatever the attack.
+  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members. Calibrated
+  quantiles of models with few candidates tie across models (6 non-members per model take 6 values), so no threshold
+  may reach the FPR: the TPR is then that of random tie-breaking at exactly that FPR (the ROC interpolated), where
+  the step rule would read the TPR at FPR 0.
 """
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ def pool(sel: dict) -> dict:
     out = dict(pool_members=n1, pool_nonmembers=n0, min_auc=_fmt(MM.min_detectable_auc(n1, n0)),
                _resolvable=min(n1, n0) >= MM.MIN_POOL)
     from sklearn.metrics import roc_curve
-    first = roc_curve(y, x)[0] if n1 and n0 else np.array([1.0])
-    first = first[first > 0].min()   # the least FPR a threshold reaches: quantiles of small per-model pools tie
+    fpr, tpr, _ = roc_curve(y, x, drop_intermediate=False) if n1 and n0 else (np.ones(1), np.ones(1), None)
     for f in TPR_AT:
-        t = MM.tpr_at_fpr(x, y, f) if n1 and n0 and MM.resolvable(n0, f) and first <= f + 1e-12 else NAN
+        t = NAN
+        if n1 and n0 and MM.resolvable(n0, f):   # ties no threshold splits: random tie-breaking (interpolated)
+            t = MM.tpr_at_fpr(x, y, f) if fpr[fpr > 0].min() <= f + 1e-12 else float(np.interp(f, fpr, tpr))
         out[f"tpr@{f:g}fpr"] = _fmt(t)
     return out
 
