@@ -62,6 +62,11 @@ def psnr_headlines(metric: str, sel: dict, seed: int = 0) -> dict:
                 baseline_median=_fmt(b_m))
 
 
+def victims(it) -> np.ndarray:
+    """The victim of each membership item: the salt of its id (``scoring._image_ids``); 0 without ids."""
+    return np.zeros(len(it), np.int64) if it.ids is None else np.asarray(it.ids, np.int64) >> 32
+
+
 def pool(sel: dict) -> dict:
     """The membership pool of a cell (module doc): pool_members, pool_nonmembers, min_auc, tpr@<f>fpr, and
     ``_resolvable``; {} when the cell's items are not membership scores."""
@@ -72,8 +77,7 @@ def pool(sel: dict) -> dict:
             continue
         scores.append(np.asarray(it.x, float))
         labels.append(np.asarray(it.y, int))
-        salt = np.zeros(len(it), np.int64) if it.ids is None else np.asarray(it.ids, np.int64) >> 32
-        models += [f"{run}#{v}" for v in salt]   # the victim of each candidate: its id's salt (scoring._image_ids)
+        models += [f"{run}#{v}" for v in victims(it)]   # the victim of each candidate: its id's salt (scoring._image_ids)
     if not scores:
         return {}
     y = np.concatenate(labels)
@@ -81,8 +85,9 @@ def pool(sel: dict) -> dict:
     n1, n0 = int(y.sum()), int(len(y) - y.sum())
     out = dict(pool_members=n1, pool_nonmembers=n0, min_auc=_fmt(MM.min_detectable_auc(n1, n0)),
                _resolvable=min(n1, n0) >= MM.MIN_POOL)
-    from sklearn.metrics import roc_curve
-    fpr, tpr, _ = roc_curve(y, x, drop_intermediate=False) if n1 and n0 else (np.ones(1), np.ones(1), None)
+    if n1 and n0:
+        from sklearn.metrics import roc_curve
+        fpr, tpr, _ = roc_curve(y, x, drop_intermediate=False)
     for f in TPR_AT:
         t = NAN
         if n1 and n0 and MM.resolvable(n0, f):   # ties no threshold splits: random tie-breaking (interpolated)

@@ -112,7 +112,7 @@ def _candidates(res: T.Results) -> dict:
 def _victims_pooled(cands: list) -> list:
     """Membership candidates of one run: where an output was also scored over every victim at once (victim
     "pooled"), that pooled candidate replaces its per-victim ones, its scores calibrated within each victim's model
-    (``metrics.membership.calibrate`` keyed by the victim salt of each item's id; label-free), so a cell's pool
+    (``metrics.membership.calibrate`` keyed by ``cells.victims``; label-free), so a cell's pool
     spans victims and runs."""
     from ..metrics import membership as MM
     same = lambda c: (c["attack"], c["artifact"], c["output"], c["metric"], c["round"])  # noqa: E731
@@ -121,7 +121,7 @@ def _victims_pooled(cands: list) -> list:
     for c in cands:
         it = c["items"]
         if c["victim"] == "pooled" and it is not None and it.ids is not None:
-            x = MM.calibrate(np.asarray(it.x, float), np.asarray(it.ids, np.int64) >> 32)
+            x = MM.calibrate(np.asarray(it.x, float), C.victims(it))
             out.append(dict(c, items=S.Items(it.kind, x, it.y, it.ids)))
         elif same(c) not in pooled:
             out.append(c)
