@@ -5,8 +5,14 @@ Threat models (``adversary_view``):
     every client's upload θ_k^{t+1}; the observed update is Δ_k = θ_k^{t+1} − θ^t on the trainable parameters.
   * "client" (curious client, the weaker row; cf. Wilson et al. 2024): it sees only consecutive global models
     and its own upload. With K clients and (assumed) equal weights, θ^{t+1} − θ^t − Δ_me/K is the mean of the
-    other K − 1 updates; the attack models K − 1 virtual clients with their own dummy sets and scores the
-    reconstructions against the union of the other clients' training sets (victim "a+b").
+    other K − 1 updates; the attack models them as P = min(K − 1, ``max_parties``) virtual clients with their own
+    dummy sets, matches the mean of their simulated updates to that mean (exact when P = K − 1; with more clients
+    the P dummy sets stand for all K − 1 sets, an approximation that keeps an iteration at P unrolls instead of
+    K − 1), and scores the reconstructions against the union of the other clients' training
+    sets (victim "a+b+..."). Under client-level DP each client clips its update to C before the mean; the clip is
+    public (the envelope of the client's own upload records the round's C), so every virtual update is clipped the
+    same way before averaging (a single party's clip does not change the cosine objective, so the server view
+    needs none; the label-count estimator ignores the clip's scale).
 The protocol is public (Kerckhoffs): lr, optimizer (sgd/adam), momentum, weight decay, batch size B,
 local_steps / local_epochs come from ``view.params``; the victim's data size n_k from its ``n_samples`` message
 (a curious client assumes the others hold as many images as it does; a server that received no n_samples, as
@@ -58,6 +64,7 @@ mismatch an attacker who knows the method would remove; adding the method's loss
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,6 +96,7 @@ class Params(AttackParams):
     prior_latent: int = 16            # the learned prior (attacks/prior.py PriorSettings): latent dimension,
     prior_steps: int = 1200           # training steps,
     prior_rotate: float = 90.0        # rotation augmentation (+- degrees)
+    max_parties: int = 8              # curious client: virtual clients unrolled for the K - 1 others (0 = all)
     seed: int = 0
 
 
@@ -102,6 +110,7 @@ class Protocol:
     batch_size: int = 32
     local_steps: int = 0
     local_epochs: int = 1
+    clip: float = 0.0                 # client-level DP: each party's update clipped to this L2 norm (0 = none)
 
     @classmethod
     def of(cls, params: dict) -> "Protocol":
@@ -115,6 +124,12 @@ def noise_on(m) -> bool:
     mostly noise and says nothing about n_k."""
     return any(isinstance(e, dict) and e.get("mechanism") in ("client_dp", "dp_sgd") and e.get("noise_multiplier", 0) > 0
                for e in m.env.filters or [])
+
+
+def clip_of(msgs) -> float:
+    """The client-level DP clip C recorded in the envelope of the first of ``msgs`` that has one (0: none)."""
+    return next((float(e["clip"]) for m in msgs for e in m.env.filters or []
+                 if isinstance(e, dict) and e.get("mechanism") == "client_dp" and e.get("clip")), 0.0)
 
 
 def client_size(view, v: str, pr: Protocol, ts: list, aux, infer: bool = True) -> tuple[int | None, str]:
@@ -215,7 +230,11 @@ def simulate(net, params: dict, x: torch.Tensor, y: torch.Tensor, parties: list[
                     run[k, "var"] = (1 - mo) * run[k, "var"] + mo * var
                 bn.log = None
             p = _opt_step(p, g, st, t, pr)
-        deltas.append({k: p[k] - params[k] for k in params})
+        d = {k: p[k] - params[k] for k in params}
+        if pr.clip > 0:   # client-level DP's clip, on each party's whole update (as privacy/client_dp.py)
+            f = (pr.clip / (torch.sqrt(sum(v.pow(2).sum() for v in d.values())) + 1e-12)).clamp(max=1.0)
+            d = {k: v * f for k, v in d.items()}
+        deltas.append(d)
         stats.append(run)
     mean = {k: sum(d[k] for d in deltas) / len(deltas) for k in params}
     if bn is None:
@@ -324,8 +343,9 @@ class UpdateInversion(Attack):
     adversary = "server"
     aux = ("public",)             # only to estimate n_k (update-norm calibration) when no n_samples was sent
     outputs = {"": "the public protocol (optimizer, lr, batch size, local steps) and the n_k the client sent (a "
-                   "curious client: equal weights, the others hold as many images as it does); labels read off the "
-                   "last layer; local training simulated as plain cross-entropy SGD/Adam",
+                   "curious client: equal weights, the others hold as many images as it does, at most max_parties of "
+                   "them unrolled, each clipped to the recorded DP clip); labels read off the last layer; local "
+                   "training simulated as plain cross-entropy SGD/Adam",
                "n_estimated": "as the main output, with n_k estimated from the update norm against the attacker's "
                               "own training on public images",
                "n_assumed": "as the main output, with n_k assumed to be one batch (the upload is noised, so its norm "
@@ -368,10 +388,11 @@ class UpdateInversion(Attack):
         return net, params, bn
 
     def attack_update(self, view, theta: dict, after: dict, obs: dict, parties, gen: torch.Generator,
-                      obs_bn: dict | None = None, prior=None):
+                      obs_bn: dict | None = None, prior=None, pr: Protocol | None = None):
         """Labels then images for one observed (mean) update; returns images, labels, counts per visit. ``prior``:
-        a learned prior whose latents are optimised instead of pixels (attacks/prior.py)."""
-        pr = Protocol.of(view.params)
+        a learned prior whose latents are optimised instead of pixels (attacks/prior.py); ``pr``: the protocol
+        (default the public one of ``view.params``)."""
+        pr = pr or Protocol.of(view.params)
         net, params, bn = self._prepare(view, theta)
         c, s, _ = view.shape
         shape = (c, s, s)
@@ -436,13 +457,14 @@ class UpdateInversion(Attack):
             theta, new, mine = down[0].payload.arrays, nxt[0].payload.arrays, up[0].payload.arrays
             obs = {key: (new[key].float() - theta[key].float() - (mine[key].float() - theta[key].float()) / k)
                    * k / (k - 1) for key in new if new[key].is_floating_point()}
+            pt = dataclasses.replace(pr, clip=clip_of(up))
             parties, off = [], 0
-            for _ in others:
+            for _ in others[:self.p.max_parties or len(others)]:
                 steps, m = schedule(n, pr, self.p.max_images, off)
                 parties.append(steps)
                 off += m
             after = {key: theta[key].float() + obs[key] for key in obs}
-            x, labels, _ = self.attack_update(view, theta, after, obs, parties, self._gen(me, t), prior=prior)
+            x, labels, _ = self.attack_update(view, theta, after, obs, parties, self._gen(me, t), prior=prior, pr=pt)
             outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels, variant=tag(how)))
         return outs
 
@@ -480,7 +502,6 @@ class UpdateInversion(Attack):
         label = int(recover_labels(gw, gb, torch.full((10,), 0.1, device=dev), 1, 1).argmax())
         y = torch.tensor([label], device=dev)
         # at least the default budget: the controls check the algorithm, not a CPU-sized scenario budget
-        import dataclasses
         cp = dataclasses.replace(self.p, iterations=max(self.p.iterations, Params.iterations),
                                  restarts=max(self.p.restarts, Params.restarts))
         x, _ = invert(net0, params, obs, y, [steps], pr, (1, 28, 28), cp, self._gen("control"))

@@ -156,8 +156,7 @@ class RunFolder:
         return self.root / "mia" / label / (run.replace("/", "__") + ".npz")
 
     def recon_file(self, label: str, run: str, victim: str, variant: str) -> Path:
-        # client ids "rot15/0" -> "rot15@0"
-        return self.root / "recon" / label / f"{run.replace('/', '__')}__{victim.replace('/', '@')}__{variant or 'main'}.npz"
+        return self.root / "recon" / label / f"{run.replace('/', '__')}__{victim_tag(victim)}__{variant or 'main'}.npz"
 
     def write_results(self, rows: list[dict], controls: list[dict], described: dict) -> None:
         """leakage.csv, controls.json and attacks.json after attacks ``described`` ran: their earlier rows and
@@ -293,6 +292,13 @@ class RunFolder:
                                     variant="__".join(rest[1:]) or "main", path=p))
                     break
         return out
+
+
+def victim_tag(victim: str) -> str:
+    """A victim's name in a file name: client ids "rot15/0" -> "rot15@0"; a union of more than four clients (a
+    curious client's "a+b+...+z") -> "a+<n>more+z", so that 120 client ids stay under the file-name limit."""
+    parts = victim.replace("/", "@").split("+")
+    return "+".join(parts) if len(parts) <= 4 else f"{parts[0]}+{len(parts) - 2}more+{parts[-1]}"
 
 
 def load_items(path) -> list[dict]:

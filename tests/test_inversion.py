@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, cosine_loss, grad_sum, recover_labels,
-                               schedule, simulate)
+from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, clip_of, cosine_loss, grad_sum,
+                               recover_labels, schedule, simulate)
 from attacks.labels import round_to_total
 from fdg_audit.api.attack import AdversaryView, Aux, Reconstruction
 from fdg_audit.harness import load_runs
@@ -131,6 +131,32 @@ def test_label_recovery_on_a_hand_made_batch():
     assert round_to_total(np.array([0.2, 2.6, -1.0, 1.2]), 4).tolist() == [0, 3, 0, 1]
 
 
+
+def test_clipped_parties_reproduce_the_mean_of_clipped_updates():
+    """Under client-level DP the aggregate is the mean of clipped updates: with the protocol's clip, the simulated
+    mean of two parties at their true images equals it (objective 0), and without the clip it does not."""
+    d = load_data(DataConfig(dataset="digits", domains=["rot15"], per_domain=25)).domains[0].train
+    x, y = d.x[:12], d.y[:12]
+    torch.manual_seed(0)
+    net = build_model(ModelConfig("cnn_small"), 1, 10, 28)
+    theta = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    tp = TrainParams(lr=0.05, batch_size=3)
+    deltas = []
+    for part in (slice(0, 6), slice(6, 12)):
+        net.load_state_dict(theta)
+        deltas.append(_sgd_update(net, x[part], y[part], tp, steps=2)[1])
+    norms = [float(torch.sqrt(sum(v.pow(2).sum() for v in dd.values()))) for dd in deltas]
+    c = 0.5 * min(norms)                                                     # binds on both, by different factors
+    obs = {k: sum(dd[k] * min(1.0, c / n) for dd, n in zip(deltas, norms)) / 2 for k in deltas[0]}
+    net.load_state_dict(theta)
+    params = {k: theta[k] for k, _ in net.named_parameters()}
+    pr = Protocol.of(dict(vars(tp), clip=c))
+    parties = [schedule(6, pr, offset=o)[0] for o in (0, 6)]
+    clipped = float(cosine_loss(simulate(net, params, x, y, parties, pr), obs))
+    plain = float(cosine_loss(simulate(net, params, x, y, parties, Protocol.of(vars(tp))), obs))
+    assert clipped < 1e-6 and plain > 100 * max(clipped, 1e-9)
+
+
 POSITIVE = """
 name = "inv_pos"
 report = false
@@ -198,3 +224,22 @@ def test_noised_uploads_without_n_samples_assume_one_batch_per_epoch(run_toml):
     root = run_toml(text, "train.rounds=1", name="dp")
     got = [r for r in csv.DictReader(open(root / "leakage.csv")) if r["metric"] == "psnr"]
     assert len(got) == 1 and got[0]["output"] == "n_assumed" and got[0]["status"] == "ok"
+
+
+def test_curious_client_unrolls_at_most_max_parties_with_the_recorded_clip(run_toml):
+    """A curious client among 4 clients under client-level DP (clip 0.5, sigma 0): the others' mean is matched by
+    max_parties virtual clients (2 dummy images, not 3), each clipped to the C its own upload's envelope records;
+    the reconstructions are scored against the union of the 3 others."""
+    text = POSITIVE.split("[[attacks]]")[0].replace('name = "fedavg"\n', 'name = "fedavg"\nweighting = "uniform"\n') + \
+        '[privacy.client]\nclip = 0.5\nnoise_multiplier = 0.0\nmode = "central"\n'
+    root = run_toml(text, "data.clients_per_domain=2", name="curious")
+    run = next(iter(load_runs(root)[0].values()))
+    view = AdversaryView(Ledger.open(root), run.protocol(), "client", "rot15/0", torch.device("cpu"))
+    assert clip_of(view.messages(kind="weights", sender="rot15/0", round=1)) == 0.5
+    assert clip_of(view.messages(kind="weights", sender="server", round=1)) == 0.0
+    atk = UpdateInversion(Params(adversary_view="client", iterations=5, restarts=1, max_parties=2))
+    outs = atk.run(view, Aux(num_classes=10))
+    assert [(o.victim, o.round, tuple(o.images.shape)) for o in outs] == \
+        [("rot15/1+rot30/0+rot30/1", 1, (2, 1, 28, 28))]
+    every = UpdateInversion(Params(adversary_view="client", iterations=5, restarts=1, max_parties=0))
+    assert tuple(every.run(view, Aux(num_classes=10))[0].images.shape) == (3, 1, 28, 28)

@@ -385,6 +385,12 @@ def test_reconstruction_grids_of_client_ids_stay_flat_and_parse_back(tmp_path):
     got = RunFolder(tmp_path).result_files("recon", {"rotated/fedavg/rot45/s0", "rotated/fedavg/rot4/s0"})
     assert [(g["run"], g["victim"], g["variant"], g["path"]) for g in got] == \
         [("rotated/fedavg/rot45/s0", "rot15/0", "n_assumed", f)]
+    # A curious client's victim is the union of the other clients: 119 ids would exceed the file-name limit.
+    others = "+".join(f"rot{a}/{i}" for a in (0, 15, 30) for i in range(40))
+    RunFolder(tmp_path).save_grid("update_inversion_client", "rotated/fedavg/rot45/s0", others, "", (x, x, x))
+    got = RunFolder(tmp_path).result_files("recon", {"rotated/fedavg/rot45/s0"})
+    assert ("update_inversion_client", "rot0/0+118more+rot30/39", "main") in \
+        [(g["attack"], g["victim"], g["variant"]) for g in got]
 
 
 @pytest.mark.parametrize("fedavg_level", [15.0, 8.0])

@@ -30,12 +30,13 @@ RUNS = [run("a", "fedavg"), run("a_lo", "fedavg", CLIENT(1.0)), run("a_hi", "fed
         run("d", "feddg", DPSGD_BANK)]
 
 
-def test_lines_follow_plugin_and_mechanisms_and_drop_canary_runs():
+def test_lines_follow_plugin_and_mechanisms_and_keep_canary_runs_apart():
     lines = lines_of(RUNS + [run("c", "feddg"), run("e", "ccst"), run("a_lr", "fedavg", CLIENT(1.0), {"train.lr": 0.5})])
     g = lambda label: ("rotated", label, "")  # noqa: E731
     avg = "fedavg (client-level DP (local))"
     assert lines[g("a_lo")] == lines[g("a_hi")] == lines[g("a")] == [avg]      # budgets on one line; no DP at ∞
-    assert lines[g("b")] == lines[g("b_lo")] == ["csac (client-level DP (local))"] and lines[g("b_check")] == []
+    assert lines[g("b")] == lines[g("b_lo")] == ["csac (client-level DP (local))"]
+    assert lines[g("b_check")] == ["csac (client-level DP (local)) + audit canaries"]   # canaries perturb training
     assert lines[g("d")] == ["feddg (DP-SGD, noise on amplitude_bank)"] and lines[g("c")] == lines[g("d")]
     assert lines[g("e")] == ["ccst"]                                              # no DP run: a line of its own
     assert lines[g("a_lr")] == ["fedavg [lr=0.5] (client-level DP (local))"]       # another sweep value
@@ -73,18 +74,21 @@ def test_kinds_outside_every_mechanism_are_listed(tmp_path):
 
 def test_no_section_without_finite_epsilon(tmp_path):
     assert dp_section([card("a", "inf", "accuracy", 0.9)], RUNS, [], tmp_path) == []
-    assert dp_section([card("b_check", 8.0, "accuracy", 0.1)], RUNS, [], tmp_path) == []   # only an audit run
+    # only an audit run (e.g. a scenario whose every run carries canaries): drawn, on the canary line
+    audit_only = dp_section([card("b_check", 8.0, "accuracy", 0.1)], RUNS, [], tmp_path)
+    assert sum(line.startswith("![") for line in audit_only) == 1
     assert stream_shares([priv("r", "a", "client_dp", 1, 2.0)]) == []
 
 
 def test_lines_group_a_methods_budgets(tmp_path, monkeypatch):
     import fdg_audit.report.dp as dp
     seen = {}
-    monkeypatch.setattr(dp, "_plot", lambda path, title, metric, lines, inf_x, finite: seen.update(lines=lines,
+    monkeypatch.setattr(dp, "_plot", lambda path, title, metric, lines, inf_x, finite, *_: seen.update(lines=lines,
                                                                                                    inf_x=inf_x))
     dp.dp_section([card("a", "inf", "accuracy", 0.9), card("a_lo", 8.0, "accuracy", 0.5),
                    card("a_hi", 2.0, "accuracy", 0.3), card("b_check", 8.0, "accuracy", 0.1)], RUNS, [], tmp_path)
-    assert list(seen["lines"]) == ["fedavg (client-level DP (local))"]
+    assert sorted(seen["lines"]) == ["csac (client-level DP (local)) + audit canaries",
+                                     "fedavg (client-level DP (local))"]    # canary runs never join a clean line
     pts = sorted(seen["lines"]["fedavg (client-level DP (local))"])
     assert [p[0] for p in pts] == [2.0, 8.0, math.inf] and seen["inf_x"] == pytest.approx(32.0)
 

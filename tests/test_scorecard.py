@@ -269,9 +269,10 @@ def test_attack_seed_and_target_filters(tmp_path):
 
 # ---------------------------------------------------------------- issue 19: every leakage number on equal terms
 
-def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg"):
+def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", privacy=()):
     """scorecard rows {(method, harm, setting): row} of a hand-made folder: ``per_run(run dict) -> [(attack, row)]``
-    with row = dict(victim, output, metric, items, base_items); ``attacks``: attacks.json."""
+    with row = dict(victim, output, metric, items, base_items[, artifact]); ``attacks``: attacks.json;
+    ``privacy``: privacy.csv rows given the run id."""
     import json
 
     from fdg_audit.report import scorecard as SC
@@ -293,6 +294,9 @@ def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg"):
         for attack, rows in by.items():
             RunFolder(root).save_items(attack, r["run"], rows)
     write_csv(root / "leakage.csv", leak, LEAK_FIELDS)
+    if privacy:
+        runs = [r["run"] for r in json.loads((root / "summary.json").read_text())["runs"] if r["status"] == "ok"]
+        write_csv(root / "privacy.csv", [p | dict(run=run) for run in runs for p in privacy])
     if attacks:
         (root / "attacks.json").write_text(json.dumps(attacks))
     card = SC.scorecard(T.load([root]))
@@ -567,3 +571,20 @@ def test_reconstruction_is_grouped_by_the_clients_data_size_with_intervals_in_ra
     assert 30 <= p["value"]["mean"] <= 35 and p["baseline"]["mean"] == 12.0 and p["value"]["hi"] <= 60.0
     md = "\n".join(CV.curve_md(res, rows, ["size_curve_digits.png"]))
     assert "| 1 images | 64 images |" in md and "oracle: upper bound" in md and "plots/size_curve_digits.png" in md
+
+
+def test_an_artifact_outside_every_mechanism_gets_its_own_row_at_its_own_epsilon(tmp_path):
+    """Client-level DP covers the weights (epsilon 8) but not FedDG's amplitude bank: the bank's reconstruction is
+    a row of its own at epsilon inf, and the weights' row, which fails, stays at epsilon 8 instead of borrowing the
+    bank's leak (the strongest output of both would be the bank's on every run)."""
+    rng = np.random.default_rng(3)
+    dp = [dict(party="B", mechanism="client_dp", round=2, adversary="server", headline="True", covers="weights delta",
+               epsilon=8.0, delta=1e-5)]
+    per_run = lambda r: [("ui", _psnr("B", rng.normal(8, 1, 20), rng.normal(12, 1, 20)))] + (   # noqa: E731
+        [("pr", _psnr("B", rng.normal(40, 2, 20), rng.normal(12, 1, 20)) | dict(artifact="amplitude_bank"))]
+        if r["method"] == "feddg" else [])
+    cell, _ = _card(tmp_path, per_run, privacy=dp)
+    bank, weights = cell[("feddg", "reconstruction", "amplitude_bank outside DP")], cell[("feddg", "reconstruction", "")]
+    assert bank["epsilon"] == "inf" and float(bank["value"]) > 35 and bank["artifact"] == "amplitude_bank"
+    assert weights["epsilon"] == "8" and weights["reading"] == "no reconstruction at this budget"
+    assert weights["artifact"] == "weights" and cell[("fedavg", "reconstruction", "")]["epsilon"] == "8"

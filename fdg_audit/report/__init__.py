@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
+from ..runfolder import victim_tag
 from . import curves as CV
 from . import plots as P
 from . import scorecard as SC
@@ -209,7 +210,8 @@ def _scorecard_md(res, card) -> list[str]:
           "Δ is not tested. **threat model**: the chosen attack's prior (none, layout, learned; oracle outputs are "
           "never the headline, see the per-victim table), budget (iterations x restarts) and what the attacker "
           "knows, as the attacks declare them (attacks.json). A harm in [brackets] names a setting an attack reports "
-          "in a row of its own. **converged**: runs whose selected round is before the last "
+          "in a row of its own, or an artifact sent outside every DP mechanism of its run (its own row, at its own ε). "
+          "**converged**: runs whose selected round is before the last "
           "10% of their rounds, of all runs. "
           "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
@@ -252,7 +254,8 @@ def _victims_md(res) -> list[str]:
         body = [[(o or "main") + (" (oracle: upper bound)" if o in oracle else "")]
                 + [fmt(cell[(o, v)]["value"], 1) if (o, v) in cell else "—" for v in victims] for o in outs]
         body.append(["baseline"] + [fmt(next(r["baseline"] for r in rs if r["victim"] == v), 1) for v in victims])
-        md += [f"**{res.label(key[0])}, {key[1]}**", "", md_table(["variant"] + victims, body), ""]
+        heads = [victim_tag(v).replace("@", "/") for v in victims]   # a curious client's "a+...+z", shortened
+        md += [f"**{res.label(key[0])}, {key[1]}**", "", md_table(["variant"] + heads, body), ""]
     return md
 
 

@@ -8,7 +8,8 @@ What defines a line is what the runs record, never their labels: runs of the sam
 (``plugin``), the same sweep values outside ``privacy``, and the same DP mechanisms switched on in their ``privacy``
 config (DP-SGD, client-level DP and its mode, noise on which artifact kinds) form one line, whose points differ by
 budget (noise, clip, target ε). Runs of that plugin without any mechanism are the line's ε = ∞ point (or a line of
-their own when the plugin has no DP run). Audit runs, whose privacy config inserts canaries, are left out. ε = ∞
+their own when the plugin has no DP run). Audit runs, whose privacy config inserts canaries, form lines of their
+own ("+ audit canaries": the canaries perturb the audited client's releases). ε = ∞
 is drawn at the right of the finite values, on a log axis, and marked so.
 """
 from __future__ import annotations
@@ -45,7 +46,9 @@ def audited(privacy: dict) -> bool:
 
 
 def lines_of(runs: list[dict]) -> dict:
-    """{group: [names of the lines it is drawn in]} of every group with a finished run (audit runs: none)."""
+    """{group: [names of the lines it is drawn in]} of every group with a finished run. Audit runs (canaries
+    perturb the audited client's releases) are drawn on lines of their own, named "+ audit canaries", never on
+    the lines of runs without canaries."""
     rec = {}
     for r in runs:
         if r.get("status", "ok") == "ok":
@@ -53,20 +56,21 @@ def lines_of(runs: list[dict]) -> dict:
             sweep = [f"{k.split('.')[-1]}={v}" for k, v in sorted((r.get("sweep") or {}).items()) if "privacy" not in k]
             base = repr((r.get("dataset"), r.get("plugin"), sweep))
             name = r.get("plugin", "") + (f" [{', '.join(sweep)}]" if sweep else "")
-            rec[gkey(r)] = (base, name + (f" ({', '.join(mech)})" if mech else ""), mech, audited(p))
+            audit = audited(p)
+            rec[gkey(r)] = (base, name + (f" ({', '.join(mech)})" if mech else "") + (" + audit canaries" if audit
+                                                                                      else ""), mech, audit)
     dp = defaultdict(set)
     for base, name, mech, audit in rec.values():
         if mech and not audit:
             dp[base].add(name)
-    return {g: [] if audit else [name] if mech else sorted(dp[base]) or [name]
-            for g, (base, name, mech, audit) in rec.items()}
+    return {g: [name] if mech or audit else sorted(dp[base]) or [name] for g, (base, name, mech, audit) in rec.items()}
 
 
-def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite: list) -> None:
+def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite: list, baseline=()) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = plt.subplots(figsize=(8.5, 3.6))
     for name, pts in sorted(lines.items()):
         pts = sorted(pts, key=lambda p: p[0])
         xs = [inf_x if math.isinf(e) else e for e, *_ in pts]
@@ -74,15 +78,21 @@ def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite
         err = [[max(0.0, v - lo) if not math.isnan(lo) else 0.0 for _, v, lo, _ in pts],
                [max(0.0, hi - v) if not math.isnan(hi) else 0.0 for _, v, _, hi in pts]]
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name)
+    base = [b for b in baseline if not math.isnan(b)]
+    if base:   # the cells' own baselines (mean): a point below it is "no reconstruction at this budget"
+        ax.axhline(sum(base) / len(base), color="grey", ls="--", lw=1, label="baseline (mean over the cells)")
     ax.set_xscale("log")
-    ticks = sorted(set(finite)) + [inf_x]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([f"{t:g}" for t in ticks[:-1]] + ["∞"])
+    ticks = []
+    for t in sorted(set(finite)):   # one tick per cluster of budgets within 25% (e.g. 7.77 and 8.00)
+        if not ticks or t > ticks[-1] * 1.25:
+            ticks.append(t)
+    ax.set_xticks(ticks + [inf_x])
+    ax.set_xticklabels([f"{t:.2g}" for t in ticks] + ["∞"])
     ax.minorticks_off()
     ax.set_xlabel("ε per client (δ from privacy.csv)")
     ax.set_ylabel(metric)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -138,24 +148,28 @@ def dp_section(scorecard_rows: list[dict], runs: list[dict], privacy_rows: list[
         return []
     out = ["## Privacy: accuracy and leakage against ε", "",
            "One line per method plugin and set of DP mechanisms (its runs at several budgets; runs without a "
-           "mechanism at ε = ∞; audit runs with canaries left out); ε is the composed total per client (max over "
+           "mechanism at ε = ∞; audit runs, whose canaries perturb training, on lines of their own); ε is the composed "
+           "total per client (max over "
            "clients). Relations: see privacy.csv's `adjacency` column (client-level: one client's update replaced by "
            "zero; example-level: one example added/removed or zeroed).", ""]
     groups: dict = defaultdict(lambda: defaultdict(list))
+    bases: dict = defaultdict(list)
     for r in rows:
         for name in line[(r.get("dataset", ""), r["method"], r.get("variant", ""))]:
-            groups[(r.get("dataset", ""), r["harm"], r.get("adversary", ""), r["metric"])][name].append(
+            harm = r["harm"] + (f" [{r['setting']}]" if r.get("setting") else "")
+            groups[(r.get("dataset", ""), harm, r.get("adversary", ""), r["metric"])][name].append(
                 (budget(r.get("epsilon")), num(r["value"]), num(r.get("ci_low")), num(r.get("ci_high"))))
+            bases[(r.get("dataset", ""), harm, r.get("adversary", ""), r["metric"])].append(num(r.get("baseline")))
     order = {h: i for i, h in enumerate(("accuracy",) + HARMS)}
-    for (ds, harm, adv, metric), lines in sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 99),
-                                                                                  kv[0][2], kv[0][3])):
+    for (ds, harm, adv, metric), lines in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], order.get(kv[0][1].split(" [")[0], 99), kv[0][1], kv[0][2], kv[0][3])):
         finite = [e for pts in lines.values() for e, *_ in pts if not math.isinf(e)]
         if not finite:
             continue
         name = slug(f"dp_{ds}_{harm}_{adv}_{metric}")
         inf_x = max(finite) * 4
         title = f"{ds} · {harm}" + (f" ({adv})" if adv else "") + f" · {metric}"
-        _plot(plots_dir / f"{name}.png", title, metric, lines, inf_x, finite)
+        _plot(plots_dir / f"{name}.png", title, metric, lines, inf_x, finite, bases[(ds, harm, adv, metric)])
         out += [f"![{title}]({plots_dir.name}/{name}.png)", ""]
     shares = stream_shares(privacy_rows)
     if shares:

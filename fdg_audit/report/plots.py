@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from .. import metrics as M
 from ..metrics.registry import info
+from ..runfolder import victim_tag
 from . import tables as T
 from .formatting import ARROW, human_bytes, num, slug
 
@@ -293,7 +294,7 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
     baseline, with the example's PSNR from leakage.csv in the block title."""
     files = []
     gof = res.group_of()
-    psnr = {(r["attack"], r["run"], r["victim"], r.get("output") or "main"): r for r in res.leakage
+    psnr = {(r["attack"], r["run"], victim_tag(r["victim"]), r.get("output") or "main"): r for r in res.leakage
             if r["metric"] == "psnr"}
     for attack in dict.fromkeys(m["attack"] for m in res.recon):
         pick = {}
@@ -319,7 +320,7 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
                         axes[i, j].axis("off")
             for i, name in enumerate(("truth", "attack", "baseline")):
                 axes[i, 0].set_ylabel(name, fontsize=9)
-            p = psnr.get((attack, m["run"], m["victim"], var))
+            p = psnr.get((attack, m["run"], victim_tag(m["victim"]), var))
             score = "" if p is None else f"\nmean PSNR {p['value']:.1f} dB vs baseline {p['baseline']:.1f} dB"
             name = res.label(g) + ("" if var == "main" else f" ({var})")
             sf.suptitle(f"{name}: run {m['run']}, victim {m['victim']}{score}", fontsize=9)

@@ -6,7 +6,9 @@ rows.
     the registry marks ``card`` for it (class: the balanced accuracy of a class attribute attack, or the accuracy
     of the labels an inversion attack recovers; both have chance 1/K). adversary: server | client | eavesdropper.
     setting: "" for the harm's main row; outputs an attack declares apart (``rows`` in attacks.json, e.g. a weaker
-    attacker's variant) form a row of their own with that setting, and never compete for the main row.
+    attacker's variant) form a row of their own with that setting, and never compete for the main row; so do
+    artifacts a run with DP mechanisms sends outside all of them ("<artifact> outside DP"), so that each row's ε is
+    the one that holds for what its attacks read.
   * value: per run (held-out target x seed), every measurable output of every attack for that harm and
     adversary (attack x artifact x output variant x victim x round) is a candidate, except outputs with the oracle
     prior (upper bounds, shown labelled in the per-victim table); the strongest candidate is
@@ -76,8 +78,10 @@ def role(adversary: str) -> str:
 def _candidates(res: T.Results) -> dict:
     """{(group, harm, role, setting): {run: [candidate]}} with candidate = dict(attack, artifact, output, metric,
     items, base, ok (control passed)). Oracle-prior outputs are left out (upper bounds, in the per-victim table);
-    outputs an attack reports apart (``rows`` in attacks.json) form cells of their own setting."""
-    gof = res.group_of()
+    outputs an attack reports apart (``rows`` in attacks.json) form cells of their own setting, and so do artifacts
+    sent outside every DP mechanism of a run that has some (setting "<artifact> outside DP"), so that a cell's ε is
+    the one that holds for what it attacked, never the strongest of a covered and an uncovered artifact."""
+    gof, final = res.group_of(), T.final_privacy(res)
     out = defaultdict(lambda: defaultdict(list))
     for f in res.items:
         if f["run"] not in gof:
@@ -93,6 +97,8 @@ def _candidates(res: T.Results) -> dict:
                      items=r["items"], base=r["base"], ok=str(r.get("status", "ok")) in ("ok", ""),
                      role=role(str(r["adversary"])), round=r["round"], setting=TH.setting(desc, r["output"] or ""),
                      victim=str(r.get("victim")))
+            if T.outside_dp(final, f["run"], c["role"], c["artifact"]):
+                c["setting"] = ", ".join(filter(None, (c["setting"], f"{c['artifact']} outside DP")))
             if info(r["metric"]).per_victim:
                 est[tuple(c[k] for k in ("attack", "artifact", "output", "metric", "role", "round", "ok",
                                          "setting"))].append(c)

@@ -288,6 +288,13 @@ def final_privacy(res: Results) -> dict:
     return out
 
 
+def outside_dp(final: dict, run: str, adversary: str, kind: str) -> bool:
+    """Whether ``run`` has DP mechanisms (``final``: final_privacy) but none of them covers artifacts of ``kind``
+    against ``adversary`` (e.g. FedDG's amplitude bank under client-level DP on its weights)."""
+    rows = final.get((run, adversary), final.get((run, "server"), ()))
+    return bool(rows) and not any(kind in r["covers"] or "*" in r["covers"] for r in rows)
+
+
 def epsilon_against(final: dict, runs, adversary: str, kinds) -> float:
     """The ε that holds against ``adversary`` for artifacts of ``kinds`` over ``runs`` (``final``: final_privacy):
     per run the largest final ε of any party's mechanism that covers the kind, inf where a kind is outside every
