@@ -290,7 +290,7 @@ def final_privacy(res: Results) -> dict:
 
 def outside_dp(final: dict, run: str, adversary: str, kind: str) -> bool:
     """Whether ``run`` has DP mechanisms (``final``: final_privacy) but none of them covers artifacts of ``kind``
-    against ``adversary`` (e.g. FedDG's amplitude bank under client-level DP on its weights)."""
+    against ``adversary`` (e.g. a bank of image statistics when client-level DP noises only the weights)."""
     rows = final.get((run, adversary), final.get((run, "server"), ()))
     return bool(rows) and not any(kind in r["covers"] or "*" in r["covers"] for r in rows)
 
