@@ -364,8 +364,8 @@ class UpdateInversion(Attack):
                             "\"client\"")
         if self.p.box not in ("clamp", "sigmoid"):
             raise UserError(f"update_inversion: box = {self.p.box!r}; use \"clamp\" or \"sigmoid\"")
-        if self.p.restarts < 1 or self.p.iterations < 1:
-            raise UserError("update_inversion: restarts and iterations must be >= 1")
+        if self.p.restarts < 1 or self.p.iterations < 1 or self.p.max_parties < 0:
+            raise UserError("update_inversion: restarts and iterations must be >= 1, max_parties >= 0 (0 = all)")
         if self.p.prior not in ("none", "learned"):
             raise UserError(f"update_inversion: prior = {self.p.prior!r}; use \"none\" or \"learned\"")
         self.adversary = self.p.adversary_view

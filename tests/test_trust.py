@@ -304,6 +304,8 @@ def _png(path: Path, w: int, h: int) -> None:
     (("per_domain = 40", "per_domain = 40.5"), "datasets[0].per_domain = 40.5 has the wrong type"),
     (('name = "fedavg"', 'name = "fedavg"\n[[attacks]]\nname = "dataset_size"\ntargets = ["rot99"]'),
      "attacks.dataset_size.targets = ['rot99']: no run holds out ['rot99']"),
+    (('name = "fedavg"', 'name = "fedavg"\n[[attacks]]\nname = "update_inversion"\nmax_parties = -1'),
+     "max_parties >= 0 (0 = all)"),
 ])
 def test_bad_scenarios_fail_before_any_work(tmp_path, capsys, change, needle):
     f = tmp_path / "bad.toml"
