@@ -149,17 +149,17 @@ def dp_section(scorecard_rows: list[dict], runs: list[dict], privacy_rows: list[
     out = ["## Privacy: accuracy and leakage against ε", "",
            "One line per method plugin and set of DP mechanisms (its runs at several budgets; runs without a "
            "mechanism at ε = ∞; audit runs, whose canaries perturb training, on lines of their own); ε is the composed "
-           "total per client (max over "
-           "clients). Relations: see privacy.csv's `adjacency` column (client-level: one client's update replaced by "
+           "total per client (max over clients). Relations: see privacy.csv's `adjacency` column (client-level: one client's update replaced by "
            "zero; example-level: one example added/removed or zeroed).", ""]
     groups: dict = defaultdict(lambda: defaultdict(list))
     bases: dict = defaultdict(list)
     for r in rows:
         for name in line[(r.get("dataset", ""), r["method"], r.get("variant", ""))]:
-            harm = r["harm"] + (f" [{r['setting']}]" if r.get("setting") else "")
-            groups[(r.get("dataset", ""), harm, r.get("adversary", ""), r["metric"])][name].append(
+            key = (r.get("dataset", ""), r["harm"] + (f" [{r['setting']}]" if r.get("setting") else ""),
+                   r.get("adversary", ""), r["metric"])
+            groups[key][name].append(
                 (budget(r.get("epsilon")), num(r["value"]), num(r.get("ci_low")), num(r.get("ci_high"))))
-            bases[(r.get("dataset", ""), harm, r.get("adversary", ""), r["metric"])].append(num(r.get("baseline")))
+            bases[key].append(num(r.get("baseline")))
     order = {h: i for i, h in enumerate(("accuracy",) + HARMS)}
     for (ds, harm, adv, metric), lines in sorted(groups.items(), key=lambda kv: (
             kv[0][0], order.get(kv[0][1].split(" [")[0], 99), kv[0][1], kv[0][2], kv[0][3])):
