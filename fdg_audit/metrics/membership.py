@@ -40,7 +40,7 @@ def resolvable(n_nonmembers, fpr):
     return fpr == 0 or n_nonmembers * fpr >= 1 - 1e-9
 
 
-def tpr_at_fpr(scores, labels, fpr):
+def tpr_at_fpr(scores, labels, fpr, ties: str = "step"):
     """TPR of the best threshold whose empirical FPR does not exceed `fpr`.
 
     Walk the empirical ROC (one point per distinct score threshold), keep the points whose FPR is
@@ -50,11 +50,19 @@ def tpr_at_fpr(scores, labels, fpr):
     Resolution rule: if there are fewer than 1/fpr non-members, a single false positive already
     exceeds the target, so the number is not measurable and `nan` is returned (see `resolvable`).
     Pool target models to reach the needed number of non-members.
+
+    ``ties = "interpolate"``: where tied scores leave no threshold with an FPR in (0, fpr] (e.g. calibrated
+    quantiles of many small models), the TPR of random tie-breaking at exactly `fpr` (the ROC interpolated),
+    where the step rule would read the TPR at FPR 0.
     """
+    if ties not in ("step", "interpolate"):
+        raise ValueError(f"ties = {ties!r}: use \"step\" or \"interpolate\"")
     s, y = _check(scores, labels)
     if not resolvable(int((y == 0).sum()), fpr):
         return float("nan")
     f, t, _ = roc_curve(y, s, drop_intermediate=False)
+    if ties == "interpolate" and f[f > 0].min() > fpr + 1e-12:
+        return float(np.interp(fpr, f, t))
     return float(t[f <= fpr + 1e-12].max())
 
 

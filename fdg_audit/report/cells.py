@@ -85,14 +85,8 @@ def pool(sel: dict) -> dict:
     n1, n0 = int(y.sum()), int(len(y) - y.sum())
     out = dict(pool_members=n1, pool_nonmembers=n0, min_auc=_fmt(MM.min_detectable_auc(n1, n0)),
                _resolvable=min(n1, n0) >= MM.MIN_POOL)
-    if n1 and n0:
-        from sklearn.metrics import roc_curve
-        fpr, tpr, _ = roc_curve(y, x, drop_intermediate=False)
-    for f in TPR_AT:
-        t = NAN
-        if n1 and n0 and MM.resolvable(n0, f):   # ties no threshold splits: random tie-breaking (interpolated)
-            t = MM.tpr_at_fpr(x, y, f) if fpr[fpr > 0].min() <= f + 1e-12 else float(np.interp(f, fpr, tpr))
-        out[f"tpr@{f:g}fpr"] = _fmt(t)
+    for f in TPR_AT:   # ties no threshold splits: random tie-breaking (module doc)
+        out[f"tpr@{f:g}fpr"] = _fmt(MM.tpr_at_fpr(x, y, f, ties="interpolate") if n1 and n0 else NAN)
     return out
 
 

@@ -75,13 +75,14 @@ def role(adversary: str) -> str:
     return adversary if adversary in ("server", "eavesdropper") else "client"
 
 
-def _candidates(res: T.Results) -> dict:
+def _candidates(res: T.Results, final: dict) -> dict:
     """{(group, harm, role, setting): {run: [candidate]}} with candidate = dict(attack, artifact, output, metric,
     items, base, ok (control passed)). Oracle-prior outputs are left out (upper bounds, in the per-victim table);
     outputs an attack reports apart (``rows`` in attacks.json) form cells of their own setting, and so do artifacts
     sent outside every DP mechanism of a run that has some (setting "<artifact> outside DP"), so that a cell's ε is
-    the one that holds for what it attacked, never the strongest of a covered and an uncovered artifact."""
-    gof, final = res.group_of(), T.final_privacy(res)
+    the one that holds for what it attacked, never the strongest of a covered and an uncovered artifact (``final``:
+    ``tables.final_privacy``)."""
+    gof = res.group_of()
     out = defaultdict(lambda: defaultdict(list))
     for f in res.items:
         if f["run"] not in gof:
@@ -109,9 +110,10 @@ def _candidates(res: T.Results) -> dict:
                 "mean", np.concatenate([c[k].x for c in cs]), ids=np.concatenate([c[k].ids for c in cs]))
             c = dict(cs[0], items=cat("items"), base=cat("base"))
             out[key(c)][f["run"]].append(c)
-        for k, runs in out.items():
-            if k[1] == "membership" and f["run"] in runs:
-                runs[f["run"]] = _victims_pooled(runs[f["run"]])
+    for k, runs in out.items():   # once every file of a run is read
+        if k[1] == "membership":
+            for run, cands in runs.items():
+                runs[run] = _victims_pooled(cands)
     return out
 
 
@@ -244,7 +246,7 @@ def _leakage_rows(res: T.Results, ref, base_row) -> list[dict]:
     beat their baselines, over the runs whose chosen attack, prior and budget are the same in both."""
     const, final = _constant_baseline(res), T.final_privacy(res)
     chosen = {key: {run: _select(run, cs, const) for run, cs in sorted(per_run.items())}
-              for key, per_run in _candidates(res).items()}
+              for key, per_run in _candidates(res, final).items()}
     order = {g: i for i, g in enumerate(res.groups())}
     rows, cellrow = [], {}
     for key, sel in sorted(chosen.items(), key=lambda kv: (order.get(kv[0][0], 0), list(HARMS).index(kv[0][1]),
