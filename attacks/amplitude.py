@@ -1,6 +1,6 @@
-"""Attacks on FedDG/ELCFS amplitude banks (attacks.md §5.1): phase retrieval, fingerprint, attribute inference.
+"""Attacks on FedDG/ELCFS amplitude banks (docs/attacks.md §5.1): phase retrieval, fingerprint, attribute inference.
 
-What FedDG sends (methods.md §2): per training image x in [0, 1], the unshifted amplitude |FFT2(x)| per channel,
+What FedDG sends (docs/methods.md §2): per training image x in [0, 1], the unshifted amplitude |FFT2(x)| per channel,
 client -> server (phase "bank", arrays {"amp": (N, C, H, W)}), then one relay per client (phase "bank_relay",
 arrays {"<sender>/amp": ...}). A curious client reads the other clients' banks from its relay; the server (or an
 eavesdropper) reads the uploads. With ``bank_content = "window"`` only a centred low-frequency crop of the
@@ -17,6 +17,11 @@ fftshifted amplitude travels (shape smaller than the image): phase retrieval doe
   (for a zero-background support this is Fienup's rule g - beta g'). Colour channels are retrieved one by one,
   then registered to channel 0 (circular shift / point inversion / contrast sign), since each channel has its
   own trivial ambiguities. Baseline: the flat image with each channel's mean intensity, read off the DC term.
+  Each image stops at its own plateau (the rule every reconstruction shares, attacks/images.py ``Plateau``): HIO
+  until the best Fourier residual of its restarts improved by < ``plateau_tol`` (relative) over ``plateau_window``
+  iterations (or ``hio`` iterations), then ER until the next plateau (or ``er`` iterations, or a residual below
+  ``tol``); each output records its iterations (the most any of its images ran), CPU seconds (its images' shares of
+  the batch) and the rule. ``plateau_tol`` = 0 turns the rule off (fixed budget).
   Positive control: images zero-padded 2x with the known support are recovered exactly (aligned PSNR >= 60 dB).
   Variant "learned" (opt-in): a VAE trained on the attacker's public images (attacks/prior.py) first fits latents to
   each amplitude, then HIO + ER refine every restart's decoded image inside its own dilated foreground, at the
@@ -32,11 +37,12 @@ fftshifted amplitude travels (shape smaller than the image): phase retrieval doe
   "public+domain_samples"; domain, labels in ``aux.domains`` order); it predicts every bank entry. Controls: a
   linearly separable synthetic attribute is recovered (positive), random labels stay at chance (negative).
 
-No published attack exists for these banks (attacks.md §8.1): the controls and baselines are the anchors.
+No published attack exists for these banks (docs/attacks.md §7): the controls and baselines are the anchors.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +54,7 @@ from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import (Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped,
                                   sample_victims)
 
-from .images import perturb
+from .images import PLATEAU_TOL, PLATEAU_WINDOW, Plateau, perturb, plateau_rule
 from .prior import fit_amplitude, foreground, learned_prior, settings_of
 
 KIND = "amplitude_bank"
@@ -133,40 +139,65 @@ def project(g: torch.Tensor, support: torch.Tensor | None, background: str) -> t
 
 def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background: str = "constant",
              hio: int = 300, er: int = 100, restarts: int = 4, beta: float = 0.9, tol: float = 1e-3,
-             gen: torch.Generator | None = None, init: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched HIO + ER phase retrieval of real images from |FFT2| (B, H, W): returns (images, residual (B,)).
+             gen: torch.Generator | None = None, init: torch.Tensor | None = None, window: int = PLATEAU_WINDOW,
+             plateau_tol: float = PLATEAU_TOL, cpu_cap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, Plateau]:
+    """Batched HIO + ER phase retrieval of real images from |FFT2| (B, H, W): returns (images, residual (B,),
+    the Plateau with each image's iterations and CPU seconds).
 
     All B x restarts problems run as one (restarts*B, H, W) tensor; each keeps its best restart by residual.
-    ``init`` (B, H, W) replaces the random start of the first restart."""
+    Each image (all its restarts together) runs HIO until the best Fourier residual of its restarts plateaus
+    (``Plateau``: relative improvement < ``plateau_tol`` over ``window`` iterations; 0 = no plateau) or ``hio``
+    iterations, then ER until the next plateau, ``er`` more iterations or every restart's residual below ``tol``;
+    a finished image stays as it is while the others run. ``init`` (B, H, W) replaces the random start of the
+    first restart."""
     B, H, W = amp.shape
     dev = amp.device
     A = amp.repeat(restarts, 1, 1)                         # (R*B, H, W), restart-major
     if support is not None and support.dim() == 3:         # one mask per problem: repeat like the amplitudes
         support = support.repeat(restarts, 1, 1)
     Ar = A[..., :W // 2 + 1]                               # rfft layout of a real image's spectrum
+    Ar_norm = Ar.flatten(1).norm(dim=1).clamp_min(1e-12)
     g = torch.rand(restarts * B, H, W, generator=gen).to(dev, amp.dtype)
     if init is not None:
         g[:B] = init.to(g)
     g = project(g, support, background)
     out = (~support).to(g.dtype) if support is not None and background == "constant" else None
     out_n = None if out is None else out.sum((-2, -1), keepdim=True).clamp_min(1)
+    plat = Plateau(B, window, plateau_tol, 2, cpu_cap)
+    stage = torch.zeros(restarts * B, 1, 1, dtype=torch.long, device=dev)   # per row: 0 HIO, 1 ER, 2 done
+    er_end = torch.full((B,), hio + er)                                     # host: the iteration ER stops at
+    best = torch.full((restarts * B,), float("inf"), device=dev)
     for it in range(hio + er):
         G = torch.fft.rfft2(g)
+        best = torch.minimum(best, (G.abs() - Ar).flatten(1).norm(dim=1) / Ar_norm)   # the residual of g
         gp = torch.fft.irfft2(G * (Ar / G.abs().clamp_min(1e-12)), s=(H, W))   # measured magnitude, current phase
         pg = project(gp, support, background)
-        if it < hio:
-            g = torch.where(pg == gp, gp, g - beta * (gp - pg))
-            if out is not None:  # unknown constant background: its level follows the projection (BCL form of HIO)
-                g = g + out * ((pg - g) * out).sum((-2, -1), keepdim=True) / out_n
-        else:
-            g = pg
-        if it >= hio and (it - hio) % 50 == 49 and bool((fourier_residual(g, A) < tol).all()):
-            break
+        h = torch.where(pg == gp, gp, g - beta * (gp - pg))
+        if out is not None:  # unknown constant background: its level follows the projection (BCL form of HIO)
+            h = h + out * ((pg - h) * out).sum((-2, -1), keepdim=True) / out_n
+        g = torch.where(stage == 0, h, torch.where(stage == 1, pg, g))
+        due = plat.due()
+        if due or it + 1 == hio or bool((er_end[plat.active] == it + 1).any()):
+            if due:   # plateaus: HIO -> ER, ER -> done; an ER residual below tol -> done
+                bu, u = best.view(restarts, B).min(0).values.cpu(), plat.active
+                moved, _ = plat.check(bu[u])
+                er_end[u[moved & (plat.stage[u] == 1)]] = it + 1 + er
+                u = plat.active
+                plat.advance((plat.stage[u] == 1) & (bu[u] < tol))
+            u = plat.active
+            if it + 1 == hio:   # HIO's cap: the rest move to ER
+                er_end[u[plat.stage[u] == 0]] = it + 1 + er
+                plat.advance(plat.stage[u] == 0)
+            u = plat.active
+            plat.advance(er_end[u] <= it + 1)   # ER's cap
+            stage = plat.stage.to(dev).repeat(restarts).view(-1, 1, 1)
+            if not len(plat.active):
+                break
+    plat.finish()
     res = fourier_residual(g, A).view(restarts, B)
     best = res.argmin(0)
     g = g.view(restarts, B, H, W)[best, torch.arange(B, device=dev)]
-    return g, res.min(0).values
+    return g, res.min(0).values, plat
 
 
 def render_fit(amp: torch.Tensor, angles: torch.Tensor, restarts: int, keep: int, steps: list,
@@ -239,11 +270,15 @@ def estimate_support(x: torch.Tensor, frac: float = 0.02, thresh: float = 0.25, 
 class PRParams(AttackParams):
     adversary_view: str = "client"    # client (curious client, reads its relay) | server | eavesdropper (uploads)
     variants: list = field(default_factory=lambda: ["box", "support", "support_domain", "support_frame", "render"])
-    hio: int = 1000                   # HIO iterations (beta below), then ER iterations (attacks.md budget)
+    hio: int = 1000                   # HIO iterations (beta below), then ER iterations (docs/attacks.md §5.1 budget)
     er: int = 200
-    restarts: int = 8                 # random starts per image-channel (attacks.md)
+    restarts: int = 8                 # random starts per image-channel (docs/attacks.md §5.1)
     beta: float = 0.9
-    tol: float = 1e-3                 # stop ER once every residual is below this
+    tol: float = 1e-3                 # stop an image's ER once its best residual is below this
+    plateau_window: int = PLATEAU_WINDOW   # the plateau rule (attacks/images.py Plateau), per image: HIO until its
+    plateau_tol: float = PLATEAU_TOL       # best residual plateaus (or hio its), then ER until the next (or er its);
+    #                                        0 = no plateau (fixed budget)
+    max_cpu_seconds: float = 0.0      # CPU-seconds cap per image-channel (its share of the batch; 0 = none)
     max_images: int = 16              # bank entries attacked per victim (0 = all); CPU budget
     support_frac: float = 0.02        # support = foreground in >= this fraction of the attacker's images ...
     support_dilate: int = 1           # ... dilated by this many pixels
@@ -314,6 +349,15 @@ class PhaseRetrieval(_BankAttack):
         x = aux.public.x if variant == "support" else aux.domain_samples[victim].x
         return estimate_support(x.to(self.device), self.p.support_frac, dilate=self.p.support_dilate)
 
+    def rule(self, learned: bool = False) -> str:
+        """``Reconstruction.plateau`` of this attack's HIO + ER (and, ``learned``, its latent fit first)."""
+        p = self.p
+        hio = max(p.hio - p.learned_steps, 0) if learned else p.hio
+        stages = (f"latent fit until a plateau or {min(p.learned_steps, p.hio)} steps, then " if learned else "") + \
+            f"HIO until a plateau or {hio} its, then ER until a plateau, {p.er} its or residual < {p.tol:g}"
+        return plateau_rule(p.plateau_window, p.plateau_tol, f"{p.hio + p.er} its per image", stages,
+                            p.max_cpu_seconds)
+
     def attack_bank(self, amp: torch.Tensor, support, gen) -> torch.Tensor:
         """Images (N, C, H, W) from a bank (N, C, H, W) of full amplitudes; ``support``: None, one (H, W) mask, or
         one mask per image (N, H, W)."""
@@ -321,18 +365,24 @@ class PhaseRetrieval(_BankAttack):
         p = self.p
         if support is not None and support.dim() == 3:
             support = support.repeat_interleave(C, 0)
-        g, _ = retrieve(amp.reshape(N * C, H, W), support, p.background, p.hio, p.er, p.restarts, p.beta, p.tol, gen)
+        g, _, plat = retrieve(amp.reshape(N * C, H, W), support, p.background, p.hio, p.er, p.restarts, p.beta, p.tol,
+                              gen, None, p.plateau_window, p.plateau_tol, p.max_cpu_seconds)
+        self.cost = plat.its.view(N, C).amax(1), plat.cpu.view(N, C).sum(1)   # per image: iterations, CPU s
         return register_channels(g.view(N, C, H, W))
 
-    def attack_learned(self, amp: torch.Tensor, public: torch.Tensor, gen) -> torch.Tensor:
+    def attack_learned(self, amp: torch.Tensor, public: torch.Tensor, gen, view=None) -> torch.Tensor:
         """Images (N, C, H, W) from full amplitudes through the learned prior: every restart's latent fit is refined
         by HIO + ER from its decoded image inside that image's dilated foreground; the lowest residual is kept."""
         p, (N, C, H, W) = self.p, amp.shape
-        prior = learned_prior(public.to(self.device), settings_of(p), p.seed)
-        x0, _ = fit_amplitude(prior, amp, p.restarts, min(p.learned_steps, p.hio), gen)     # (R, N, C, H, W)
+        prior = learned_prior(public.to(self.device), settings_of(p), p.seed, view)
+        x0, _, fit = fit_amplitude(prior, amp, p.restarts, min(p.learned_steps, p.hio), gen, window=p.plateau_window,
+                                   tol=p.plateau_tol)                                # (R, N, C, H, W)
         sup = foreground(x0.flatten(0, 1), dilate=p.learned_dilate).repeat_interleave(C, 0)
-        g, res = retrieve(amp.repeat(p.restarts, 1, 1, 1).flatten(0, 1), sup, p.background,
-                          max(p.hio - p.learned_steps, 0), p.er, 1, p.beta, p.tol, gen, init=x0.flatten(0, 2))
+        g, res, plat = retrieve(amp.repeat(p.restarts, 1, 1, 1).flatten(0, 1), sup, p.background,
+                                max(p.hio - p.learned_steps, 0), p.er, 1, p.beta, p.tol, gen, x0.flatten(0, 2),
+                                p.plateau_window, p.plateau_tol, p.max_cpu_seconds)
+        its, cpu = plat.its.view(p.restarts, N, C), plat.cpu.view(p.restarts, N, C)   # per image: latent + pixel
+        self.cost = fit.its + its.amax((0, 2)), fit.cpu + cpu.sum((0, 2))
         best = res.view(p.restarts, N, C).sum(-1).argmin(0)
         return g.view(p.restarts, N, C, H, W)[best, torch.arange(N, device=amp.device)]
 
@@ -368,20 +418,27 @@ class PhaseRetrieval(_BankAttack):
         if jobs:
             amp = torch.cat([a for *_, a, _, _ in jobs])
             sup = torch.cat([s.expand(len(a), size, size) for *_, a, _, s in jobs])
-            rec = self.attack_bank(amp, sup, gen).split([len(j[3]) for j in jobs])
-            done += [(victim, rnd, rows, a, v, r) for (victim, rnd, rows, a, v, _), r in zip(jobs, rec)]
+            sizes = [len(j[3]) for j in jobs]
+            rec = zip(self.attack_bank(amp, sup, gen).split(sizes), *(c.split(sizes) for c in self.cost))
+            done += [(victim, rnd, rows, a, v, r, int(its.max()), float(cpu.sum()), self.rule())
+                     for (victim, rnd, rows, a, v, _), (r, its, cpu) in zip(jobs, rec)]
         if renders:      # every rendered victim in one batched fit
             amp = torch.cat([a[:, 0] for *_, a, _ in renders])
             ang = torch.cat([torch.full((len(a),), g) for *_, a, g in renders]).to(amp)
+            t0, n = time.process_time(), len(amp)
             rec = render_fit(amp, ang, self.p.render_restarts, self.p.render_keep, self.p.render_steps,
                              gen).split([len(j[3]) for j in renders])
-            done += [(victim, rnd, rows, a, "render", r) for (victim, rnd, rows, a, _), r in zip(renders, rec)]
+            cpu = (time.process_time() - t0) / n   # a fixed budget: every image's share is alike
+            done += [(victim, rnd, rows, a, "render", r, sum(self.p.render_steps), cpu * len(a), "")
+                     for (victim, rnd, rows, a, _), r in zip(renders, rec)]
         if learned:      # every victim through one prior, one batched fit
-            rec = self.attack_learned(torch.cat([a for *_, a in learned]), aux.public.x, gen)
-            done += [(*j, "learned", r) for j, r in zip(learned, rec.split([len(j[3]) for j in learned]))]
-        for victim, rnd, rows, a, v, r in done:   # baseline: the flat image at the un-noised DC term (pixel sums)
+            sizes = [len(j[3]) for j in learned]
+            rec = self.attack_learned(torch.cat([a for *_, a in learned]), aux.public.x, gen, view).split(sizes)
+            done += [(*j, "learned", r, int(its.max()), float(cpu.sum()), self.rule(learned=True))
+                     for j, r, its, cpu in zip(learned, rec, *(c.split(sizes) for c in self.cost))]
+        for victim, rnd, rows, a, v, r, its, cpu, rule in done:   # baseline: the flat image at the un-noised DC term
             outs.append(Reconstruction(victim, KIND, rnd, r, truth="amp", rows=rows, aligned=True, variant=v,
-                                       flat_baseline=True))
+                                       flat_baseline=True, iterations=its, cpu_seconds=cpu, plateau=rule))
         return outs
 
     def control(self):
@@ -391,8 +448,9 @@ class PhaseRetrieval(_BankAttack):
         xp = F.pad(toy_images(n, 1, s, gen), (0, s, 0, s)).to(self.device)
         sup = torch.zeros(2 * s, 2 * s, dtype=torch.bool, device=self.device)
         sup[:s, :s] = True
-        # attacks.md settings (1000 HIO + 200 ER, 8 restarts): the control checks the algorithm, not the budget
-        g, _ = retrieve(torch.fft.fft2(xp[:, 0]).abs(), sup, "zero", 1000, 200, 8, self.p.beta, 0.0, gen)
+        # docs/attacks.md §5.1 settings (1000 HIO + 200 ER, 8 restarts): the control checks the algorithm, not budget
+        g, *_ = retrieve(torch.fft.fft2(xp[:, 0]).abs(), sup, "zero", 1000, 200, 8, self.p.beta, 0.0, gen, None,
+                         self.p.plateau_window, self.p.plateau_tol)
         ps = M.aligned_psnr(g[:, None].cpu(), xp.cpu())
         out = [Control("2x zero-padded toy images, known support: median aligned PSNR", "psnr", float(ps.median()),
                        60.0)]

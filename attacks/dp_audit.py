@@ -25,7 +25,7 @@ eps_theory: the example-level composition of the mechanisms on the uploaded weig
 sigma / 2). Controls (Opacus DP-SGD on a 2,004-parameter linear model, 40 canaries, 20 steps): no noise: eps_lb >= 1;
 no canary inserted: eps_lb = 0; noise multiplier 1: eps_lb <= the accountant's epsilon.
 
-The artifact audit (table row D3, attacks.md §4.2, Audit-B):
+The artifact audit (table row D3, docs/attacks.md §4.2):
 
 Setting: a scenario with ``[privacy.audit] canaries = m`` appends m canary slots to every audited client's
 training split (fdg_audit/privacy/canaries.py): slot j holds public canary image j with probability 1/2, otherwise

@@ -31,7 +31,7 @@ pairs -0.5 dB (negative <= 0.5); membership AUC 0.98 for the rows' images agains
 shuffled labels (negative <= 0.35; chance 0.1). With public images of another domain (rot45, the real setting):
 +1.8 dB (14.5 dB) and 0.40. On the test's 2-round stand-in run the rot30-trained decoder is below the mean image
 (12.2 against 13.9 dB): a sharp digit of the wrong shape costs more PSNR than a blur. No published attack exists for
-this channel (attacks.md §8.1): the controls and baselines are the anchors.
+this channel (docs/attacks.md §7): the controls and baselines are the anchors.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Multi-epoch FedAvg leakage (Dimitrov, Balunović, Konstantinov, Vechev, "Data leakage in federated averaging",
-TMLR 2022; attacks.md §2.2 (F), row G3): rebuild a client's n_k images from one FedAvg upload of E local epochs.
+TMLR 2022; docs/attacks.md §2.2, row G3): rebuild a client's n_k images from one FedAvg upload of E local epochs.
 
 Threat model: an honest-but-curious server. Per round t it reads the client's download θ^t and upload θ_k^{t+1}
 exactly as ``update_inversion`` does (attacks/inversion.py), knows the public protocol (optimizer, lr, momentum,
@@ -21,15 +21,18 @@ every epoch, which the client's reshuffled epochs never are):
     ``consistency`` · the aligned copies' mean squared distance to their mean joins the objective;
   * the answer is the mean of the aligned copies: n_k images, each with its slot's label.
 Objective: 1 − cos(simulated update, observed update) + ``tv`` · TV + ``consistency`` · consistency; Adam with the
-authors' lr 0.4 on the raw gradient (``signed`` = true: update_inversion's signed steps), ×0.1 at 3/8, 5/8, 7/8 of
-``iterations``; pixels projected onto [0, 1]; the best iterate per restart kept, the lowest objective returned.
+authors' lr 0.4 on the raw gradient (``signed`` = true: update_inversion's signed steps), ×0.1 at each of the
+first 3 plateaus of the best objective, stopping at the 4th or at ``iterations`` (update_inversion's plateau rule,
+attacks/images.py ``Plateau``); pixels projected onto [0, 1]; the best iterate per restart kept, the lowest
+objective returned.
 Labels: counts over the round's E·n_k visits read off the last layer (``recover_labels``, bias-based), with the mean
 softmax of the attacker's public images (uniform noise without them) at θ^t and θ^{t+1} (the paper interpolates
 the two models), scaled to n_k.
 
-Measured (tests/test_fedavg_leak.py; 8 real MNIST digits, 2 epochs of batch 4, SGD lr 0.05, momentum 0.9,
-cnn_small with GroupNorm, 300 iterations x 1 restart, tv 0.3 for all; mean matched PSNR, seed 0, two torch
-threads): this attack 14.9 dB, update_inversion 11.8, single-step IG 10.5; the mean image scores 12.1. So on 8
+Measured before the plateau rule (step x0.1 at 3/8, 5/8, 7/8 of the iterations; tests/test_fedavg_leak.py; 8 real
+MNIST digits, 2 epochs of batch 4, SGD lr 0.05, momentum 0.9, cnn_small with GroupNorm, 300 iterations x 1
+restart, tv 0.3 for all; mean matched PSNR, seed 0, two torch threads): this attack 14.9 dB, update_inversion
+11.8, single-step IG 10.5; the mean image scores 12.1. So on 8
 digits only this attack beats the mean image, by 2.8 dB. Two more seeds (other digits and client seed, one
 thread): 10.1 / 7.8 / 8.9 dB and 14.5 / 9.1 / 8.8 dB against public mean images of 11.4 and 11.8: it beats both IG
 variants on all three seeds and the mean image on two of them.
@@ -43,6 +46,7 @@ ran plain SGD (as ``update_inversion``).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,17 +58,21 @@ from fdg_audit.api import UserError, seeding
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Reconstruction, Skipped, sample_victims
 
-from .images import total_variation
-from .inversion import Protocol, client_size, cosine_loss, exchanges, grad_sum, recover_labels, schedule, simulate
+from .images import PLATEAU_TOL, PLATEAU_WINDOW, Plateau, total_variation
+from .inversion import (STAGES, Protocol, client_size, cosine_loss, exchanges, grad_sum, plateau_words, recover_labels,
+                        schedule, simulate)
 from .labels import round_to_total
 
 
 @dataclass
 class Params(AttackParams):
     rounds: list = field(default_factory=lambda: [1])   # rounds attacked; [] = every round
-    iterations: int = 300             # CPU-sized; the budget measured in tests/test_fedavg_leak.py
+    iterations: int = 300             # iteration cap (CPU-sized; the budget measured in tests/test_fedavg_leak.py)
+    plateau_window: int = PLATEAU_WINDOW   # the plateau rule (attacks/images.py Plateau), as update_inversion's:
+    plateau_tol: float = PLATEAU_TOL       # step x0.1 at each of the first 3 plateaus, stop at the 4th
+    max_cpu_seconds: float = 0.0      # CPU-seconds cap per victim (0 = none)
     restarts: int = 1                 # optimised together (vmap); the lowest objective is kept
-    lr: float = 0.4                   # Adam (the authors' lr), decayed x0.1 at 3/8, 5/8, 7/8 of the iterations
+    lr: float = 0.4                   # Adam (the authors' lr), x0.1 at each plateau (plateau_window below)
     signed: bool = False              # Adam on the signed gradient instead (breaching's IG, update_inversion)
     tv: float = 0.3                   # total-variation weight
     consistency: float = 3.0          # weight of the epoch-order prior (aligned copies' distance to their mean)
@@ -98,10 +106,10 @@ def swaps(steps: list[torch.Tensor], m: int) -> torch.Tensor:
 
 
 def leak(net, params: dict, obs: dict, y: torch.Tensor, steps: list[torch.Tensor], pr: Protocol, shape: tuple,
-         p: Params, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
+         p: Params, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float, Plateau]:
     """Reconstruct from the update ``obs``; ``y`` (E, m) holds each copy's labels (y[e] a permutation of y[0]).
-    Returns the aligned mean of the copies of the best restart (m, C, H, W) in [0, 1], its slot labels (m,) and
-    its objective."""
+    Returns the aligned mean of the copies of the best restart (m, C, H, W) in [0, 1], its slot labels (m,), its
+    objective and the Plateau (iterations and CPU seconds run)."""
     e, m = y.shape
     r, dev = p.restarts, y.device
     obs = {k: obs[k].detach() for k in params}
@@ -116,11 +124,10 @@ def leak(net, params: dict, obs: dict, y: torch.Tensor, steps: list[torch.Tensor
     f = vmap(lambda x, yy: cosine_loss(simulate(net, params, x, yy, [steps], pr), obs))
     pairs = swaps(steps, m) if p.swap else torch.zeros((0, 2), dtype=torch.long)
     opt = torch.optim.Adam([z], lr=p.lr)
-    its = max(1, p.iterations)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, [its * 3 // 8, its * 5 // 8, its * 7 // 8], 0.1)
+    plat = Plateau(1, p.plateau_window, p.plateau_tol, STAGES, p.max_cpu_seconds)
     best = torch.full((r,), float("inf"), device=dev)
     best_x, best_y = u.clone(), ys[:, :m].clone()
-    for it in range(its):
+    for it in range(max(1, p.iterations)):
         if it and it % p.match_every == 0:
             with torch.no_grad():
                 if len(pairs):   # move one image (with its label) to another batch where that fits the update best
@@ -152,11 +159,17 @@ def leak(net, params: dict, obs: dict, y: torch.Tensor, steps: list[torch.Tensor
         (gz,) = torch.autograd.grad(loss.sum(), z)
         z.grad = gz.sign() if p.signed else gz
         opt.step()
-        sched.step()
         with torch.no_grad():
             z.clamp_(0, 1)
+        if plat.due():
+            moved, done = plat.check(best.min()[None])
+            for group in opt.param_groups:
+                group["lr"] *= 0.1 if bool(moved[0]) else 1.0
+            if bool(done[0]):
+                break
+    plat.finish()
     k = int(best.argmin())
-    return best_x[k], best_y[k], float(best[k])
+    return best_x[k], best_y[k], float(best[k]), plat
 
 
 class FedAvgLeakage(Attack):
@@ -176,8 +189,8 @@ class FedAvgLeakage(Attack):
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
-        if self.p.restarts < 1 or self.p.iterations < 1 or self.p.match_every < 1:
-            raise UserError("fedavg_leakage: restarts, iterations and match_every must be >= 1")
+        if min(self.p.restarts, self.p.iterations, self.p.match_every, self.p.plateau_window) < 1:
+            raise UserError("fedavg_leakage: restarts, iterations, match_every and plateau_window must be >= 1")
 
     def labels(self, net, params: dict, obs: dict, n: int, e: int, m: int, pr: Protocol, probe: torch.Tensor,
                gen: torch.Generator) -> torch.Tensor:
@@ -207,7 +220,8 @@ class FedAvgLeakage(Attack):
         probe = public[:self.p.probes] if public is not None and len(public) else \
             torch.rand((self.p.probes, *shape), generator=gen)
         y = self.labels(net, params, obs, n, e, m, pr, probe.to(self.device).float(), gen)
-        x, labels, _ = leak(net, params, obs, y, steps, pr, shape, self.p, gen)
+        x, labels, _, plat = leak(net, params, obs, y, steps, pr, shape, self.p, gen)
+        self.cost = int(plat.its[0]), float(plat.cpu[0])   # iterations run, CPU seconds of the optimisation
         return x, labels.cpu().numpy()
 
     def run(self, view, aux):
@@ -222,9 +236,11 @@ class FedAvgLeakage(Attack):
                 outs.append(Skipped(v, "weights", 0, f"no n_samples message and no size estimate ({how})"))
                 continue
             for t, theta, after in exchanges(view, v, ts):
+                t0 = time.process_time()
                 x, labels = self.attack_update(view.model(theta), theta, after, n, pr, (c, s, s),
                                                seeding.torch_gen(self.p.seed, v, t), public)
-                outs.append(Reconstruction(v, "weights", t, x, labels=labels, variant=how))
+                outs.append(Reconstruction(v, "weights", t, x, labels=labels, variant=how, iterations=self.cost[0],
+                                           cpu_seconds=time.process_time() - t0, plateau=plateau_words(self.p)))
         return outs
 
     def control(self):

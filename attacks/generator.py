@@ -1,4 +1,4 @@
-"""What FedADG's uploaded class-conditional generators reveal (attacks.md §5.5, table row Q1; no published attack).
+"""What FedADG's uploaded class-conditional generators reveal (docs/attacks.md §5.5, row Q1; no published attack).
 
 Adversary: the honest-but-curious server. Every round it sends the global F∘C (``weights``) and G (``generator``)
 and receives each client's locally trained G_k, which the client's private discriminator shaped with its real

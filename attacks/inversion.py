@@ -1,4 +1,4 @@
-"""Update inversion (attacks.md §2, rows G1/G2/G4): rebuild a client's images from the weights it uploads.
+"""Update inversion (docs/attacks.md §2, rows G1/G2/G4): rebuild a client's images from the weights it uploads.
 
 Threat models (``adversary_view``):
   * "server" (honest-but-curious server, the default): per round t it sees the broadcast global state θ^t and
@@ -32,8 +32,15 @@ Attack (Inverting Gradients, Geiping et al. 2020, with the FedAvg unrolling of b
     (last batch of an epoch shorter), later epochs reuse the same slices (breaching's multi-step user; Dimitrov
     et al. tie one variable per epoch instead — not done here); with a ``max_images`` cap slices wrap around;
   * objective 1 − cos(simulated update, observed update) over all trainable parameters + ``tv`` · TV(x̂)
-    (mean absolute neighbour differences); Adam on the signed gradient, lr ``lr`` × 0.1 at 3/8, 5/8, 7/8 of
-    ``iterations``; stop early when the best objective improved by < 1e-5 (relative) over 1000 iterations;
+    (mean absolute neighbour differences); Adam on the signed gradient, step ``lr``, × 0.1 at each of a victim's
+    first 3 plateaus, stopping at its 4th or at the cap (``iterations``, ``max_cpu_seconds``). A plateau is the
+    shared rule of every reconstruction (attacks/images.py ``Plateau``): the victim's best objective improved by
+    less than ``plateau_tol`` (relative) over ``plateau_window`` iterations, checked every window;
+  * the victims of a run that unroll the same schedule (the same n_k) are one vmapped batch (``invert_many``):
+    their objectives are independent, each has its own step size and stops at its own plateau (it then leaves the
+    batch), so the result is each victim's own optimisation (tests/test_inversion.py); each output records its
+    iterations, its CPU seconds (its label recovery plus its share of the batch's process time; the shared
+    learned prior's training not included) and the rule;
   * BatchNorm: the simulation uses batch statistics (train mode). With ``bn_prior`` > 0 and running statistics
     in the upload (G4), the simulated running mean/var (same momentum recursion as torch) must also match the
     uploaded ones: + bn_prior · Σ_l relative squared error (DeepInversion's prior, here exact at the truth).
@@ -54,8 +61,10 @@ Scoring (the shared scorer): the client does not record its batches, so reconstr
 victim's whole training set with the Hungarian algorithm on MSE (IIP-like), the mean image matched the same way
 is the baseline. SSIM is plain Gaussian-window SSIM (not breaching's CW-SSIM).
 
-Deviations from the paper/breaching: TV weight 0.1 and 400 iterations by default (CPU-sized; tuned on the
-embedded digits, whose black background favours a strong TV prior); breaching's IG uses 24 000 iterations,
+Deviations from the paper/breaching: TV weight 0.1 and a cap of 400 iterations by default (CPU-sized; tuned on the
+embedded digits, whose black background favours a strong TV prior; the plateau rule's 4 plateaus took 300-450
+iterations on 1 real digit and 450-700 on 4, one local epoch on cnn_small, so a cap of 400 often ends the
+optimisation before its last plateau: raise ``iterations`` to run to the plateau); breaching's IG uses 24 000 iterations,
 TV 0.2 (ImageNet) / 1e-3 (its CIFAR FedAvg notebook) and 1 restart; full strength on a GPU: iterations = 24000,
 restarts = 4, max_images = 0 (whole round). Only rounds in ``rounds`` are attacked (default the first).
 The classifier is the model's last nn.Linear. Methods whose local objective is not plain cross-entropy (FedSR,
@@ -65,6 +74,7 @@ mismatch an attacker who knows the method would remove; adding the method's loss
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,7 +85,7 @@ from torch.func import functional_call, grad, vmap
 from fdg_audit.api import UserError, seeding
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Reconstruction, Skipped, sample_victims
 
-from .images import total_variation
+from .images import PLATEAU_TOL, PLATEAU_WINDOW, Plateau, plateau_rule, total_variation
 from .labels import round_to_total
 from .prior import learned_prior, settings_of
 
@@ -84,7 +94,11 @@ from .prior import learned_prior, settings_of
 class Params(AttackParams):
     adversary_view: str = "server"    # server (each client's upload) | client (consecutive global models)
     rounds: list = field(default_factory=lambda: [1])   # rounds attacked; [] = every round
-    iterations: int = 400             # CPU default; full strength 24000 (breaching IG)
+    iterations: int = 400             # iteration cap per victim (CPU default; full strength 24000, breaching IG)
+    plateau_window: int = PLATEAU_WINDOW   # the plateau rule (attacks/images.py Plateau): relative improvement of
+    plateau_tol: float = PLATEAU_TOL       # the best objective < tol over a window of its, checked every window;
+    #                                        0 = no plateau (constant step to the cap)
+    max_cpu_seconds: float = 0.0      # CPU-seconds cap per victim (its share of a batch; 0 = none)
     restarts: int = 2                 # optimised together; the best objective is kept
     lr: float = 0.1                   # Adam step on the signed gradient, decayed x0.1 at 3/8, 5/8, 7/8
     tv: float = 0.1                   # total-variation weight
@@ -282,57 +296,112 @@ def mean_softmax(net, states: list[dict], shape: tuple, n: int, gen: torch.Gener
 
 # --------------------------------------------------------------------------------- optimisation
 
+STAGES = 4   # step sizes lr, lr/10, lr/100, lr/1000: each plateau moves a victim to the next, the 4th ends it
+
+
+def plateau_words(p) -> str:
+    """``Reconstruction.plateau`` of update inversion (and fedavg_leakage, which shares its schedule)."""
+    return plateau_rule(p.plateau_window, p.plateau_tol, f"{p.iterations} its",
+                        f"step x0.1 at each of the first {STAGES - 1} plateaus, stop at the {STAGES}th",
+                        p.max_cpu_seconds)
+
+
 def invert(net, params: dict, obs: dict, y: torch.Tensor, parties: list[list[torch.Tensor]], pr: Protocol,
            shape: tuple, p: Params, gen: torch.Generator, bn: _BNStats | None = None,
            obs_bn: dict | None = None, prior=None) -> tuple[torch.Tensor, float]:
-    """Inverting Gradients over ``p.restarts`` dummy sets at once; returns the best images (M, C, H, W) in
-    [0, 1] and their objective (gradient-matching term, regularisers included). With a ``prior``
+    """Inverting Gradients for one victim: ``invert_many`` of one; returns the best images (M, C, H, W) in [0, 1]
+    and their objective."""
+    x, loss, _ = invert_many(net, [params], [obs], [y], parties, pr, shape, p, [gen], bn, [obs_bn], prior)
+    return x[0], float(loss[0])
+
+
+def invert_many(net, params: list[dict], obs: list[dict], ys: list[torch.Tensor], parties: list[list[torch.Tensor]],
+                pr: Protocol, shape: tuple, p: Params, gens: list[torch.Generator], bn: _BNStats | None = None,
+                obs_bn: list | None = None, prior=None) -> tuple[torch.Tensor, torch.Tensor, Plateau]:
+    """Inverting Gradients for V victims at once, each with ``p.restarts`` dummy sets: victim v's start state
+    ``params[v]``, observed update ``obs[v]``, labels ``ys[v]`` (M,), random start from ``gens[v]``; every victim
+    unrolls the same ``parties`` schedule. All V x restarts objectives are one vmapped batch (the victims' objectives
+    are independent, so the result is each victim's own optimisation); Adam on the signed gradient with a step size
+    per victim, which drops x0.1 at each of the victim's plateaus (``Plateau``, ``STAGES``); a victim that is done
+    leaves the batch. Returns the best images (V, M, C, H, W), their objectives (V,) (gradient-matching term,
+    regularisers included) and the Plateau (iterations and CPU seconds per victim). With a ``prior``
     (attacks/prior.py) the dummy images are ``prior.decode(z)`` and the latents z are optimised."""
-    dev, m = y.device, len(y)
-    obs = {k: obs[k].detach() for k in params}
+    V, R, m, dev = len(ys), p.restarts, len(ys[0]), ys[0].device
+    rep = lambda t: t.repeat_interleave(R, 0)  # noqa: E731   per victim -> per (victim, restart) row
+    names = list(params[0])
+    shared = all(torch.equal(q[k], params[0][k]) for q in params[1:] for k in names)
+    use_bn = bn is not None and obs_bn is not None and all(obs_bn)
+    if use_bn and not shared:
+        raise ValueError("invert_many: the BN prior needs one start state for every victim (group by download)")
+    batch = dict(y=rep(torch.stack(ys)), obs={k: rep(torch.stack([o[k].detach().float() for o in obs])) for k in names},
+                 bn={k: rep(torch.stack([ob[k] for ob in obs_bn])) for k in obs_bn[0]} if use_bn else {},
+                 params=params[0] if shared else {k: rep(torch.stack([q[k] for q in params])) for k in names})
     if prior is not None:
-        z = prior.init_latents(p.restarts * m, gen).view(p.restarts, m, -1).requires_grad_(True)
-        img = lambda z: prior.decode(z.flatten(0, 1)).view(p.restarts, m, *shape)  # noqa: E731
+        z = torch.cat([prior.init_latents(R * m, g).view(R, m, -1) for g in gens])
+        img = lambda z: prior.decode(z.flatten(0, 1)).view(len(z), m, *shape)  # noqa: E731
     else:
-        u = torch.rand((p.restarts, m, *shape), generator=gen).to(dev)
-        z = (torch.logit(u.clamp(0.01, 0.99)) if p.box == "sigmoid" else u).requires_grad_(True)
+        u = torch.cat([torch.rand((R, m, *shape), generator=g) for g in gens]).to(dev)
+        z = torch.logit(u.clamp(0.01, 0.99)) if p.box == "sigmoid" else u
         img = (lambda z: torch.sigmoid(z)) if p.box == "sigmoid" else (lambda z: z)
 
-    def objective(x):
-        if bn is not None and obs_bn:
-            sim, run = simulate(net, params, x, y, parties, pr, bn)
-            bn_term = sum((run[k] - v).pow(2).sum() / v.pow(2).sum().clamp_min(1e-12) for k, v in obs_bn.items())
-            return cosine_loss(sim, obs) + p.tv * total_variation(x).mean() + p.bn_prior * bn_term
-        return cosine_loss(simulate(net, params, x, y, parties, pr), obs) + p.tv * total_variation(x).mean()
+    def objective(x, y, o, q, ob):
+        if use_bn:
+            sim, run = simulate(net, q, x, y, parties, pr, bn)
+            bn_term = sum((run[k] - v).pow(2).sum() / v.pow(2).sum().clamp_min(1e-12) for k, v in ob.items())
+            return cosine_loss(sim, o) + p.tv * total_variation(x).mean() + p.bn_prior * bn_term
+        return cosine_loss(simulate(net, q, x, y, parties, pr), o) + p.tv * total_variation(x).mean()
 
-    f = vmap(objective, randomness="different")   # models with dropout (e.g. adapters): masks per restart
-    opt = torch.optim.Adam([z], lr=p.lr)
-    its = max(1, p.iterations)
-    sched = torch.optim.lr_scheduler.MultiStepLR(opt, [its * 3 // 8, its * 5 // 8, its * 7 // 8], 0.1)
-    best = torch.full((p.restarts,), float("inf"), device=dev)
-    best_x = img(z).detach().clone()
-    mark = float("inf")
-    for it in range(its):
+    # models with dropout (e.g. adapters): masks per restart
+    f = vmap(objective, in_dims=(0, 0, 0, None if shared else 0, 0), randomness="different")
+    state = dict(z=z.detach().requires_grad_(True), m1=torch.zeros_like(z), m2=torch.zeros_like(z),
+                 lr=torch.full((V * R,), float(p.lr), device=dev),
+                 best=torch.full((V * R,), float("inf"), device=dev), best_x=img(z).detach().clone(), **batch)
+    out_x, out_loss = torch.zeros((V, m, *shape), device=dev), torch.full((V,), float("inf"), device=dev)
+    plat = Plateau(V, p.plateau_window, p.plateau_tol, STAGES, p.max_cpu_seconds)
+
+    def store(sel: torch.Tensor, units: torch.Tensor):   # the best restart of the selected active victims
+        bl = state["best"].view(-1, R)
+        k = bl.argmin(1)
+        out_x[units[sel]] = state["best_x"].view(-1, R, m, *shape)[torch.arange(len(bl), device=dev), k][sel]
+        out_loss[units[sel]] = bl.min(1).values[sel]
+
+    def keep(rows: torch.Tensor):   # drop finished victims from every per-row tensor of the batch
+        for key, v in state.items():
+            if isinstance(v, dict):
+                state[key] = {k: t[rows] for k, t in v.items()} if key != "params" or not shared else v
+            else:
+                state[key] = v[rows]
+        state["z"] = state["z"].detach().requires_grad_(True)
+
+    for it in range(max(1, p.iterations)):
+        z = state["z"]
         x = img(z)
-        loss = f(x)
-        with torch.no_grad():
-            better = loss < best
-            best = torch.where(better, loss.detach(), best)
-            best_x[better] = x[better].detach()
+        loss = f(x, state["y"], state["obs"], state["params"], state["bn"])
         (gz,) = torch.autograd.grad(loss.sum(), z)
-        z.grad = gz.sign()
-        opt.step()
-        sched.step()
-        if p.box == "clamp" and prior is None:
-            with torch.no_grad():
+        with torch.no_grad():
+            better = loss < state["best"]
+            state["best"] = torch.where(better, loss, state["best"])
+            state["best_x"][better] = x[better]
+            g, m1, m2, t = gz.sign(), state["m1"], state["m2"], it + 1   # Adam (torch's defaults), step per victim
+            m1.mul_(0.9).add_(g, alpha=0.1)
+            m2.mul_(0.999).addcmul_(g, g, value=0.001)
+            step = state["lr"].view(-1, *[1] * (z.dim() - 1)) / (1 - 0.9 ** t)
+            z -= step * m1 / ((m2 / (1 - 0.999 ** t)).sqrt() + 1e-8)
+            if p.box == "clamp" and prior is None:
                 z.clamp_(0, 1)
-        if (it + 1) % 1000 == 0:
-            b = float(best.min())
-            if mark - b < 1e-5 * abs(mark):
+        if plat.due():
+            units = plat.active.to(dev)
+            moved, done = plat.check(state["best"].view(-1, R).min(1).values)
+            state["lr"] = state["lr"] * rep(torch.where(moved, 0.1, 1.0).to(dev))
+            if bool(done.any()):
+                store(done.to(dev), units)
+                keep(rep(~done.to(dev)))
+            if not len(plat.active):
                 break
-            mark = b
-    k = int(best.argmin())
-    return best_x[k], float(best[k])
+    if len(plat.active):
+        store(torch.ones(len(plat.active), dtype=torch.bool, device=dev), plat.active.to(dev))
+    plat.finish()
+    return out_x, out_loss, plat
 
 
 # --------------------------------------------------------------------------------- plugin
@@ -364,8 +433,9 @@ class UpdateInversion(Attack):
                             "\"client\"")
         if self.p.box not in ("clamp", "sigmoid"):
             raise UserError(f"update_inversion: box = {self.p.box!r}; use \"clamp\" or \"sigmoid\"")
-        if self.p.restarts < 1 or self.p.iterations < 1 or self.p.max_parties < 0:
-            raise UserError("update_inversion: restarts and iterations must be >= 1, max_parties >= 0 (0 = all)")
+        if self.p.restarts < 1 or self.p.iterations < 1 or self.p.max_parties < 0 or self.p.plateau_window < 1:
+            raise UserError("update_inversion: restarts, iterations and plateau_window must be >= 1, max_parties >= 0 "
+                            "(0 = all)")
         if self.p.prior not in ("none", "learned"):
             raise UserError(f"update_inversion: prior = {self.p.prior!r}; use \"none\" or \"learned\"")
         self.adversary = self.p.adversary_view
@@ -392,39 +462,52 @@ class UpdateInversion(Attack):
         """Labels then images for one observed (mean) update; returns images, labels, counts per visit. ``prior``:
         a learned prior whose latents are optimised instead of pixels (attacks/prior.py); ``pr``: the protocol
         (default the public one of ``view.params``)."""
-        pr = pr or Protocol.of(view.params)
-        net, params, bn = self._prepare(view, theta)
-        c, s, _ = view.shape
-        shape = (c, s, s)
-        steps = [len(st) for st in parties]
-        visits = sum(len(i) for st in parties for i in st)
-        m = int(max(int(i.max()) for st in parties for i in st) + 1)
-        obs = {k: obs[k].to(self.device).float() for k in params}
-        head = [k for k, mod in net.named_modules() if isinstance(mod, torch.nn.Linear)][-1]   # the classifier
-        hw, hb, j = f"{head}.weight", f"{head}.bias", len(parties)
-        gw = grad_sum(j * obs[hw], params[hw], pr, steps)
-        gb = grad_sum(j * obs[hb], params[hb], pr, steps)
-        states = [params, {k: params[k] + after[k].to(self.device).float() - theta[k].to(self.device).float()
-                           for k in params}]
-        pbar = mean_softmax(net, states, shape, self.p.probes, gen, self.device)
-        counts = recover_labels(gw, gb, pbar, visits, sum(steps))
-        labels = np.repeat(np.arange(len(counts)), round_to_total(counts, m))
-        labels = labels[torch.randperm(m, generator=gen).numpy()]
-        y = torch.as_tensor(labels, device=self.device)
-        obs_bn = {k: v.to(self.device).float() for k, v in obs_bn.items()} if bn is not None and obs_bn else None
-        x, _ = invert(net, params, obs, y, parties, pr, shape, self.p, gen, bn, obs_bn, prior=prior)
+        x, labels, counts, _, _ = self.attack_updates(view, [(theta, after, obs, parties, gen, obs_bn)], prior,
+                                                      pr)[0]
         return x, labels, counts
+
+    def attack_updates(self, view, jobs: list, prior=None, pr: Protocol | None = None) -> list[tuple]:
+        """``attack_update`` for several victims that unroll the same ``parties`` schedule, as one batched
+        optimisation (``invert_many``); ``jobs``: (theta, after, obs, parties, gen, obs_bn) each. Returns per job
+        (images, labels, counts, iterations run, CPU seconds: its own label recovery plus its share of the batch)."""
+        pr = pr or Protocol.of(view.params)
+        c, s, _ = view.shape
+        shape, prep = (c, s, s), []
+        for theta, after, obs, parties, gen, obs_bn in jobs:
+            t0 = time.process_time()
+            net, params, bn = self._prepare(view, theta)
+            steps = [len(st) for st in parties]
+            visits = sum(len(i) for st in parties for i in st)
+            m = int(max(int(i.max()) for st in parties for i in st) + 1)
+            obs = {k: obs[k].to(self.device).float() for k in params}
+            head = [k for k, mod in net.named_modules() if isinstance(mod, torch.nn.Linear)][-1]   # the classifier
+            hw, hb, j = f"{head}.weight", f"{head}.bias", len(parties)
+            gw = grad_sum(j * obs[hw], params[hw], pr, steps)
+            gb = grad_sum(j * obs[hb], params[hb], pr, steps)
+            states = [params, {k: params[k] + after[k].to(self.device).float() - theta[k].to(self.device).float()
+                               for k in params}]
+            pbar = mean_softmax(net, states, shape, self.p.probes, gen, self.device)
+            counts = recover_labels(gw, gb, pbar, visits, sum(steps))
+            labels = np.repeat(np.arange(len(counts)), round_to_total(counts, m))
+            labels = labels[torch.randperm(m, generator=gen).numpy()]
+            obs_bn = {k: v.to(self.device).float() for k, v in obs_bn.items()} if bn is not None and obs_bn else None
+            prep.append((net, params, bn, obs, labels, counts, obs_bn, time.process_time() - t0))
+        net, _, bn = prep[0][:3]
+        x, _, plat = invert_many(net, [q[1] for q in prep], [q[3] for q in prep],
+                                 [torch.as_tensor(q[4], device=self.device) for q in prep], jobs[0][3], pr, shape,
+                                 self.p, [j[4] for j in jobs], bn, [q[6] for q in prep], prior=prior)
+        return [(x[i], q[4], q[5], int(plat.its[i]), q[7] + float(plat.cpu[i])) for i, q in enumerate(prep)]
 
     def run(self, view, aux):
         pr = Protocol.of(view.params)
         rounds = [self.p.rounds] if isinstance(self.p.rounds, int) else list(self.p.rounds)
         outs = []
-        prior = learned_prior(aux.public.x.to(self.device), settings_of(self.p), self.p.seed) \
+        prior = learned_prior(aux.public.x.to(self.device), settings_of(self.p), self.p.seed, view) \
             if self.p.prior == "learned" else None
         tag = lambda how: "/".join(filter(None, (how, "learned" if prior is not None else "")))  # noqa: E731
         if self.p.adversary_view == "server":
-            victims = sample_victims(view, view.clients, self.p.max_victims)
-            for v in victims:
+            jobs, groups = [], {}   # victims that unroll the same schedule are inverted as one batch
+            for v in sample_victims(view, view.clients, self.p.max_victims):
                 ts = self._rounds(view, rounds)
                 # fixed local steps are unrolled without n_k; epochs need it (sent, assumed or estimated)
                 n, how = client_size(view, v, pr, ts, aux, infer=pr.local_steps <= 0)
@@ -437,13 +520,24 @@ class UpdateInversion(Attack):
                     steps, m = schedule(n, pr, self.p.max_images)
                     obs_bn = {(k.rsplit(".", 1)[0], k.rsplit("_", 1)[1]): after[k] for k in after
                               if k.endswith(("running_mean", "running_var"))}
-                    x, labels, counts = self.attack_update(view, theta, after, obs, [steps], self._gen(v, t), obs_bn,
-                                                           prior)
-                    outs.append(Reconstruction(v, "weights", t, x, labels=labels, variant=tag(how)))
-                    visits = sum(len(i) for i in steps)
-                    if n is not None and visits >= n:   # the round covered the whole training set
-                        outs.append(Estimate(v, "weights", t, "label_counts", counts * n / visits))
-            return outs
+                    groups.setdefault((n, (v, t) if self.p.bn_prior > 0 else None), []).append(len(jobs))
+                    outs.append(len(jobs))   # a slot, filled below
+                    jobs.append((v, t, n, how, steps, (theta, after, obs, [steps], self._gen(v, t), obs_bn)))
+            res = {}
+            for idx in groups.values():
+                res.update(zip(idx, self.attack_updates(view, [jobs[i][5] for i in idx], prior, pr)))
+            filled = []
+            for o in outs:
+                if not isinstance(o, int):
+                    filled.append(o)
+                    continue
+                (v, t, n, how, steps, _), (x, labels, counts, its, cpu) = jobs[o], res[o]
+                filled.append(Reconstruction(v, "weights", t, x, labels=labels, variant=tag(how), cpu_seconds=cpu,
+                                             iterations=its, plateau=plateau_words(self.p)))
+                visits = sum(len(i) for i in steps)
+                if n is not None and visits >= n:   # the round covered the whole training set
+                    filled.append(Estimate(v, "weights", t, "label_counts", counts * n / visits))
+            return filled
         me, k = view.me, len(view.clients)
         others = [c for c in view.clients if c != me]
         n = view.messages(kind="n_samples", sender=me)
@@ -464,8 +558,10 @@ class UpdateInversion(Attack):
                 parties.append(steps)
                 off += m
             after = {key: theta[key].float() + obs[key] for key in obs}
-            x, labels, _ = self.attack_update(view, theta, after, obs, parties, self._gen(me, t), prior=prior, pr=pt)
-            outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels, variant=tag(how)))
+            x, labels, _, its, cpu = self.attack_updates(view, [(theta, after, obs, parties, self._gen(me, t), None)],
+                                                         prior, pt)[0]
+            outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels, variant=tag(how),
+                                       cpu_seconds=cpu, iterations=its, plateau=plateau_words(self.p)))
         return outs
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""Label-distribution inference from a client's weight update (attacks.md §5.6, table row L1), server.
+"""Label-distribution inference from a client's weight update (docs/attacks.md §5.6, table row L1), server.
 
 The bias of the last layer moves by the summed softmax residuals: one SGD step on a batch of size B changes
 b_c by -eta * g_c with g_c = (1/B) sum_i (p_ic - y_ic). Over a round of T steps in which every image is seen

@@ -12,10 +12,12 @@ pixels + ``beta`` KL, Adam, mini-batches drawn from the public set. Training ima
 rotation within +-``rotate`` degrees (generic augmentation: the attacker does not know the victims' domains; on
 the rotated digits a prior that saw only the held-out angle cannot express the other domains). Everything is
 seeded from ``seed`` (fdg_audit.api.seeding) under a forked global RNG, so the same data, settings and seed give
-the same weights; ``learned_prior`` caches the trained model per (data, settings, seed) within a process.
+the same weights; ``learned_prior`` trains it once per (data, settings, seed) and shares it: within a process, and
+across the jobs of a run folder through the view's attacker-side cache (``view.cached`` / ``view.keep``).
 
 ``fit_amplitude`` is phase retrieval through the prior: Adam on z for ||FFT2(decode(z))| - A|^2 / |A|^2 from
-``restarts`` latents per image; ``foreground`` turns its decoded images into per-image support masks, with which
+``restarts`` latents per image, each image stopping at its plateau (the shared rule, attacks/images.py);
+``foreground`` turns its decoded images into per-image support masks, with which
 attacks/amplitude.py refines them by HIO + ER in pixel space (the decoder alone cannot express a victim's digit
 exactly: latent-only fits stay near its encode-decode quality, 17-19 dB on held-out real digits).
 """
@@ -30,6 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fdg_audit.api import rotate, seeding
+
+from .images import PLATEAU_TOL, PLATEAU_WINDOW, Plateau
 
 
 @dataclass(frozen=True)
@@ -107,39 +111,80 @@ def train_prior(x: torch.Tensor, s: PriorSettings = PriorSettings(), seed: int =
 _CACHE: dict = {}
 
 
-def learned_prior(x: torch.Tensor, s: PriorSettings = PriorSettings(), seed: int = 0) -> LearnedPrior:
-    """``train_prior`` cached within the process per (bytes of x, settings, seed) (the last 4 kept)."""
-    key = (hashlib.sha1(x.detach().cpu().float().contiguous().numpy().tobytes()).hexdigest(), tuple(x.shape),
-           astuple(s), seed, str(x.device))
-    if key not in _CACHE:
-        while len(_CACHE) >= 4:
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = train_prior(x, s, seed)
-    return _CACHE[key]
+def prior_key(x: torch.Tensor, s: PriorSettings, seed: int) -> str:
+    """The name of a trained prior: a hash of the public images (bytes and shape), the settings and the seed."""
+    h = hashlib.sha1(x.detach().cpu().float().contiguous().numpy().tobytes())
+    h.update(repr((tuple(x.shape), astuple(s), seed)).encode())
+    return f"learned_prior-{h.hexdigest()[:20]}"
+
+
+def learned_prior(x: torch.Tensor, s: PriorSettings = PriorSettings(), seed: int = 0, view=None) -> LearnedPrior:
+    """``train_prior`` once per (bytes of x, settings, seed): from this process's cache (the last 4 kept), else
+    from the attacker-side cache of the run folder through ``view.cached(key)`` (a state_dict of float arrays that
+    another job of the same attack kept), else trained here and shared with ``view.keep(key, arrays)``. A view
+    without ``cached``/``keep`` (or None) uses the process cache only."""
+    key = prior_key(x, s, seed)
+    if (key, str(x.device)) in _CACHE:
+        return _CACHE[key, str(x.device)]
+    arrays = getattr(view, "cached", lambda k: None)(key)
+    if arrays is not None:
+        net = LearnedPrior(x.shape[1], x.shape[-1], s)
+        net.load_state_dict({k: torch.as_tensor(v) for k, v in arrays.items()})
+        net = net.to(x.device).eval().requires_grad_(False)
+    else:
+        net = train_prior(x, s, seed)
+        if hasattr(view, "keep"):
+            view.keep(key, {k: v.detach().cpu().float().numpy() for k, v in net.state_dict().items()})
+    while len(_CACHE) >= 4:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key, str(x.device)] = net
+    return net
 
 
 def fit_amplitude(prior: LearnedPrior, amp: torch.Tensor, restarts: int, steps: int, gen: torch.Generator,
-                  lr: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
+                  lr: float = 0.05, window: int = PLATEAU_WINDOW, tol: float = PLATEAU_TOL
+                  ) -> tuple[torch.Tensor, torch.Tensor, Plateau]:
     """Phase retrieval in the prior's latent space: for amplitudes ``amp`` (N, C, H, W), the decoded images
-    (restarts, N, C, H, W) of ``restarts`` latents per image after ``steps`` Adam steps (cosine step size) on the
-    relative squared Fourier residual, and those residuals (restarts, N). All restarts x images run as one batch."""
+    (restarts, N, C, H, W) of ``restarts`` latents per image after at most ``steps`` Adam steps (cosine step size)
+    on the relative squared Fourier residual, those residuals (restarts, N), and the Plateau (steps and CPU seconds
+    per image). All restarts x images run as one batch; an image whose best residual over its restarts plateaus
+    (attacks/images.py ``Plateau``: relative improvement < ``tol`` over ``window`` steps) keeps its latents of that
+    moment while the others go on."""
     N = len(amp)
     A = amp.repeat(restarts, 1, 1, 1)
     norm = A.pow(2).flatten(1).sum(1).clamp_min(1e-12)
     z = prior.init_latents(restarts * N, gen).requires_grad_()
     opt = torch.optim.Adam([z], lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps))
+    plat, final = Plateau(N, window, tol), z.detach().clone()
+    best = torch.full((restarts * N,), float("inf"), device=z.device)
 
     def residual(z):
         return (torch.fft.fft2(prior.decode(z)).abs() - A).pow(2).flatten(1).sum(1) / norm
 
     for _ in range(steps):
         opt.zero_grad()
-        residual(z).sum().backward()
+        r = residual(z)
+        best = torch.minimum(best, r.detach())
+        r.sum().backward()
         opt.step()
         sched.step()
+        if plat.due():
+            u = plat.active
+            _, done = plat.check(best.view(restarts, N).min(0).values[u.to(z.device)])
+            rows = torch.zeros(N, dtype=torch.bool)
+            rows[u[done]] = True
+            rows = rows.repeat(restarts).to(z.device)
+            final[rows] = z.detach()[rows]
+            if not len(plat.active):
+                break
+    rows = torch.zeros(N, dtype=torch.bool)
+    rows[plat.active] = True
+    rows = rows.repeat(restarts).to(z.device)
+    final[rows] = z.detach()[rows]
+    plat.finish()
     with torch.no_grad():
-        return prior.decode(z).view(restarts, N, *amp.shape[1:]), residual(z).view(restarts, N)
+        return prior.decode(final).view(restarts, N, *amp.shape[1:]), residual(final).view(restarts, N), plat
 
 
 def foreground(x: torch.Tensor, thresh: float = 0.25, dilate: int = 0) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Attacks on FPL's class prototypes (attacks.md §5.4, table row P1).
+"""Attacks on FPL's class prototypes (docs/attacks.md §5.4, table row P1).
 
 What FPL sends (methods/fpl.py): every round each client uploads the per-class means of its training features
 (kind ``prototypes``, arrays ``{"proto": (C_present, D), "classes": (C_present,)}``) next to its model (kind

@@ -1,4 +1,4 @@
-"""Attacks on normalization statistics and on the dataset size (attacks.md §5.3, §5.6, table row S4 / L1).
+"""Attacks on normalization statistics and on the dataset size (docs/attacks.md §5.3, §5.6, table row S4 / L1).
 
 * ``NormStatsDomain`` ("norm_stats_domain"), server: which source domain a client holds, from the BatchNorm running
   statistics inside the weights it uploads (only with ``model.norm = "batch"``; GroupNorm models carry none, a

@@ -1,4 +1,4 @@
-"""Attacks on CCST style banks (attacks.md §5.2, table rows S1, S3, S4).
+"""Attacks on CCST style banks (docs/attacks.md §5.2, table rows S1-S4).
 
 What CCST sends (methods/ccst.py): per client a style bank, arrays ``{"mean": (J, D), "std": (J, D)}`` of the
 public encoder phi's channel statistics (J = 1 for the overall style, J per-image styles in single mode), uploaded to

@@ -7,10 +7,13 @@ Runs the scenario three times (or reuses a finished run folder for any of them: 
   * base:          the scenario as written (seeds 0-4, one torch thread per run);
   * threads = 2:   the same seeds, one run at a time on two torch threads (other floating-point sums);
   * seeds 5-9:     the scenario's thread setting, seeds shifted by the number of seeds (another seed set).
-and prints every difference the scorecard tests (accuracy and leakage, Δ to FedAvg, and every accuracy pair of
-the report), with its call and Holm-adjusted p in each variant, and whether the call held. A claim is "on the
-boundary" when its adjusted p lies between 0.01 and 0.2 in some variant: a change of call there is what an
-interval near zero does under any perturbation, and is reported apart from a real flip.
+and prints every difference the report tests (the scorecard's same-attack Δ to the reference, and every pair of
+methods of comparisons.csv: held-out accuracy and each harm over every channel), with its call and Holm-adjusted p in
+each variant, and whether the call held. Calls (fdg_audit/metrics/stats.py): distinguishable (p < 0.01) and not
+distinguishable (p >= 0.1) are firm claims; borderline (0.01 <= p < 0.1) is not. A claim "held" when its call is
+the same in every variant; a firm claim that changed is "FIRM CALL CHANGED" (what the borderline band exists to
+prevent); a claim that was borderline in some variant and changed is "borderline" (allowed). The last line counts the
+firm calls that held.
 """
 from __future__ import annotations
 
@@ -23,25 +26,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fdg_audit.report import scorecard as SC      # noqa: E402
-from fdg_audit.report import tables as T          # noqa: E402
+from fdg_audit.metrics.stats import FIRM_CALLS      # noqa: E402
+from fdg_audit.report.scorecard import ANY_CHANNEL  # noqa: E402
 from fdg_audit.runner import run_scenario          # noqa: E402
 from fdg_audit.scenario import load_raw            # noqa: E402
 
-BOUNDARY = (0.01, 0.2)
-
 
 def claims(root: Path) -> dict:
-    """{claim: (call, adjusted p, mean difference)} of one run folder's scorecard.csv and accuracy pairs."""
+    """{claim: (call, adjusted p, mean difference)} of one run folder's scorecard.csv (same-attack Δ) and
+    comparisons.csv (every pair of methods, whatever the channel)."""
     out = {}
     with open(root / "scorecard.csv", newline="") as f:
         for r in csv.DictReader(f):
-            if r["diff_call"]:
-                key = f"{r['dataset']}/{r['method']}{r['variant']} − fedavg: {r['harm']} ({r['adversary'] or '—'})"
+            if r["diff_call"] and r["setting"] != ANY_CHANNEL:   # those are comparisons.csv's rows
+                key = (f"{r['dataset']}/{r['method']}{r['variant']} − {r['reference']} (same attack): {r['harm']}"
+                       + (f" [{r['setting']}]" if r["setting"] else "") + f" ({r['adversary'] or '—'})")
                 out[key] = (r["diff_call"], float(r["diff_p_holm"] or "nan"), float(r["diff_ref"] or "nan"))
-    for d in SC.accuracy_differences(T.load([root])):
-        out[f"{d['dataset']}: accuracy {d['a']} − {d['b']}"] = (d["call"], d["p_holm"], d["diff"])
+    with open(root / "comparisons.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            key = f"{r['dataset']}: {r['a']} − {r['b']}: {r['harm']}" + (f" ({r['adversary']})" * bool(r["adversary"]))
+            out[key] = (r["call"], float(r["p_holm"] or "nan"), float(r["diff"] or "nan"))
     return out
+
+
+def held(cells: list) -> str:
+    """"yes" (one call in every variant), "borderline" (changed, borderline in some variant) or "FIRM CALL CHANGED"
+    (changed between firm calls only)."""
+    calls = {c[0] for c in cells if c}
+    if len(calls) <= 1:
+        return "yes"
+    return "FIRM CALL CHANGED" if calls <= set(FIRM_CALLS) else "borderline"
 
 
 def main() -> None:
@@ -74,22 +88,21 @@ def main() -> None:
     names = list(got)
     print("claim | " + " | ".join(names) + " | held")
     print("|".join(["---"] * (len(names) + 2)))
-    held = flips = boundary = 0
+    count = {"yes": 0, "borderline": 0, "FIRM CALL CHANGED": 0}
+    firm_held = []
     for k in keys:
         cells = [got[n].get(k) for n in names]
-        calls = {c[0] for c in cells if c}
-        ps = [c[1] for c in cells if c and c[1] == c[1]]
-        on_edge = any(BOUNDARY[0] <= p <= BOUNDARY[1] for p in ps)
-        verdict = "yes" if len(calls) == 1 else "boundary" if on_edge else "NO"
-        held += verdict == "yes"
-        flips += verdict == "NO"
-        boundary += verdict == "boundary"
+        verdict = held(cells)
+        count[verdict] += 1
+        if verdict == "yes" and cells[0] and cells[0][0] in FIRM_CALLS and all(cells):
+            firm_held.append(f"{k}: {cells[0][0]}")
         fmt = lambda c: "—" if not c else f"{c[0]} ({c[2]:+.3g}, p {c[1]:.2g})"  # noqa: E731
         print(f"{k} | " + " | ".join(fmt(c) for c in cells) + f" | {verdict}")
-    yes = {n: sum(c[0] == "distinguishable" for c in got[n].values()) for n in names}
-    print(f"\n{len(keys)} tested differences: {held} same call in every variant, {boundary} changed on the boundary "
-          f"(adjusted p in [{BOUNDARY[0]}, {BOUNDARY[1]}]), {flips} changed off it. Distinguishable claims per "
-          f"variant: " + ", ".join(f"{n}: {v}" for n, v in yes.items()))
+    print("\nFirm calls that held in every variant:")
+    print("\n".join(f"- {c}" for c in firm_held) or "- none")
+    print(f"\n{len(keys)} tested differences: {count['yes']} same call in every variant ({len(firm_held)} firm), "
+          f"{count['borderline']} changed through borderline (allowed), {count['FIRM CALL CHANGED']} firm calls "
+          "changed (distinguishable <-> not distinguishable).")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ Default: scenarios/feddg_vs_csac.toml (the main job; its target is 15 minutes on
 scenario in this process and wraps, without changing them, ``run_federation`` (training + evaluation),
 ``federation.accuracy`` (evaluation), each attack's controls, runs and scoring (per attack, worker processes
 included), and ``write_report``. It prints the wall time per phase and its share of the total, and CPU time of
-this process and the children it reaps. Worker processes forked by the forkserver (parallel runs, attack workers)
-are not its children: their CPU is missing from the CPU column, so read the wall shares, on an idle machine.
+this process and the children it reaps; then, per reconstruction attack and output, the CPU seconds and iterations
+the attack recorded for its own optimisations (leakage.csv) and its plateau rule. Worker processes forked by the
+forkserver (parallel runs, attack workers) are not its children: their CPU is missing from the CPU column, so read
+the wall shares, on an idle machine.
 """
 from __future__ import annotations
 
@@ -98,6 +100,30 @@ def main() -> None:
     print(f"{'phase':<44} {'wall s':>8} {'share':>7} {'CPU s':>8}")
     for k in sorted(WALL, key=lambda k: -WALL[k]):
         print(f"{k:<44} {WALL[k]:>8.1f} {WALL[k] / max(wall, 1e-9):>7.1%} {CPU[k]:>8.1f}")
+    costs(root)
+
+
+def costs(root) -> None:
+    """Per reconstruction attack and output, what the attack recorded of its own optimisations (leakage.csv
+    metrics ``cpu_seconds`` and ``iterations``, one per reconstruction): total CPU, median iterations, and its rule."""
+    import csv
+    import statistics
+    path = Path(root) / "leakage.csv"
+    if not path.exists():
+        return
+    got, rule = defaultdict(lambda: defaultdict(list)), {}
+    for r in csv.DictReader(open(path)):
+        if r.get("metric") in ("cpu_seconds", "iterations") and r.get("value") not in ("", None):
+            key = (r["attack"], r.get("output", ""))
+            got[key][r["metric"]].append(float(r["value"]))
+            rule.setdefault(key, r.get("plateau", ""))
+    if got:
+        print(f"\n{'attack / output':<52} {'outputs':>7} {'CPU s':>8} {'median its':>10}  rule")
+    for (atk, out), m in sorted(got.items()):
+        its = m.get("iterations", [])
+        print(f"{atk + (' / ' + out if out else ''):<52} {len(m.get('cpu_seconds', its)):>7} "
+              f"{sum(m.get('cpu_seconds', [])):>8.1f} {statistics.median(its) if its else float('nan'):>10.0f}  "
+              f"{rule[atk, out]}")
 
 
 if __name__ == "__main__":

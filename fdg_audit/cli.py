@@ -16,6 +16,8 @@ class ScenarioArgs:
     out: str = field(default="", metadata=dict(help="output root (default: the scenario's `out`, runs/)"))
     quiet: bool = field(default=False, metadata=dict(help="no progress bars"))
     resume: str = field(default="", metadata=dict(help="an interrupted run folder: skip its finished runs, run the rest"))
+    preview: bool = field(default=False, metadata=dict(
+        help="a first answer: one seed of every data set, the same methods and attacks (n = 1: no test)"))
 
 
 @dataclass
@@ -37,7 +39,7 @@ class ReportArgs:
 
 
 USAGE = """usage: python -m fdg_audit COMMAND ...
-  scenario FILE [--set key=value ...] [--resume RUN_DIR]
+  scenario FILE [--set key=value ...] [--resume RUN_DIR] [--preview]
                                         run a scenario (train, record, attack, report), or finish one
   attack RUN_DIR [--attacks NAME ...] [--trust-plugins] [--in-process]
                                         re-run attacks on a finished run folder
@@ -73,9 +75,12 @@ def main(argv=None) -> int:
             a = ArgumentParser(ScenarioArgs, prog="fdg_audit scenario").parse_args(_fold(rest, "--set"))
             from .runner import run_scenario
             from .report import headline
-            root = run_scenario(a.file, a.set, a.out or None, a.quiet, a.resume or None)
+            root = run_scenario(a.file, a.set, a.out or None, a.quiet, a.resume or None, preview=a.preview)
             print(headline(root))
             print(f"results: {root}")
+            if a.preview:
+                print(f"this was a preview (one seed per data set: no interval across runs, no test); the full job: "
+                      f"python -m fdg_audit scenario {a.file}")
         elif cmd == "attack":
             a = ArgumentParser(AttackArgs, prog="fdg_audit attack").parse_args(rest)
             from .harness import run_attacks_cli
@@ -94,7 +99,13 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C while workers are stopped adds nothing
         print("error: interrupted; every file written so far is complete (outputs are written atomically)", file=sys.stderr)
+        return 2
+    except RecursionError:
+        print("error: an input nests too deeply (a damaged or hostile JSON or TOML file): check the files given",
+              file=sys.stderr)
         return 2
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -82,8 +82,10 @@ MAX_ROUNDS = 100_000
 
 def safe_name(value, where: str) -> str:
     """``value`` if it is a safe path part (letters, digits, ``_.-``, not ``.`` or ``..``), else a one-line error."""
-    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or set(value) == {"."} or ".." in value:
-        raise UserError(f"{where} = {value!r}: use letters, digits and _ . - only (it names files and folders)")
+    if not isinstance(value, str) or len(value) > 200 or not SAFE_NAME.fullmatch(value) or set(value) == {"."} \
+            or ".." in value:
+        raise UserError(f"{where[:120]} = {repr(value)[:80]}: use 1 to 200 letters, digits and _ . - only (it names "
+                        "files and folders)")
     return value
 
 

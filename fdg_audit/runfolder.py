@@ -33,7 +33,8 @@ from .errors import UserError
 from .ledger import atomic_write, load_npz, read_json, read_secrets, read_summary
 
 LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact",
-               "round", "victim", "output", "metric", "value", "baseline", "status"]
+               "round", "victim", "output", "metric", "value", "baseline", "status", "alignment", "baseline_kind",
+               "plateau", "n_distractors"]
 ITEM_KEYS = ("run", "attack", "adversary", "artifact", "round", "victim", "output", "metric", "status")
 NEEDS = {"leakage.csv": ("run", "attack", "metric", "value", "baseline", "round", "status"),
          "privacy.csv": ("run", "epsilon", "delta")}

@@ -34,6 +34,7 @@ from .federation import RunSpec, run_federation
 from .params import resolve_device
 from .ledger import Ledger, atomic_write, npz_bytes, read_secrets, read_summary
 from .privacy import privacy_csv
+from .progress import Eta
 from .runfolder import RunFolder, RunInfo
 from .scenario import dump_toml, new_secrets, plan, with_secrets  # noqa: F401  (plan re-exported)
 
@@ -132,19 +133,33 @@ def _resume(root: Path, runs: list[dict]) -> tuple[dict, dict, Ledger]:
     return done, rows, keep
 
 
+def preview_of(raw: dict) -> dict:
+    """The scenario cut to a first answer: its first seed only (every data set, method and attack as they are; an
+    attack limited to some seeds keeps the first one if it had it, else the first seed). Named ``<name>_preview``."""
+    raw = dict(raw, seeds=list(raw.get("seeds", [0]))[:1], name=f"{raw.get('name', 'scenario')}_preview")
+    first = raw["seeds"][0]
+    if isinstance(raw.get("attacks"), list):
+        raw["attacks"] = [dict(a, seeds=[first]) if isinstance(a, dict) and a.get("seeds") else a
+                          for a in raw["attacks"]]
+    return raw
+
+
 def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet: bool = False,
-                 resume: str | None = None) -> Path:
+                 resume: str | None = None, preview: bool = False) -> Path:
     """Validate the whole plan (runs and attacks), then run it into a new folder, or into ``resume`` skipping the
-    runs that folder already finished. Ctrl-C ends with one line saying what finished and how to resume."""
+    runs that folder already finished. Ctrl-C ends with one line saying what finished and how to resume.
+    ``preview``: ``preview_of`` the scenario (one seed), marked as a preview in the manifest."""
     from .harness import check_attacks
     from .scenario import load_raw
     raw = load_raw(path, sets)
+    if preview:
+        raw = preview_of(raw)
     keys = read_secrets(Path(resume)) if resume else new_secrets(raw)
     runs = [dict(r, secret=str(r["dataset_index"]) if str(r["dataset_index"]) in keys else "")
             for r in plan(with_secrets(raw, keys))]
     sc0 = runs[0]["sc"]
     attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
-    check_attacks(attack_cfgs)
+    check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
     held_out = {r["target"] for r in runs}
     for a in attack_cfgs:
         if not isinstance(a.get("targets", []), list) or set(a.get("targets", [])) - held_out:
@@ -181,7 +196,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         "scenario": sc0.name, "source": str(path), "sets": list(sets), "fdg_audit": __version__,
         "commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
         "numpy": np.__version__, "seeds": sc0.seeds, "config_sha256": hashlib.sha256(resolved.encode()).hexdigest(),
-        "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "preview": preview,
         "resumed_with": sorted(done)}, indent=1))
     ledger = Ledger(root, store=sc0.store, rounds=sc0.store_rounds)
     for e, ln in keep:   # messages.jsonl now holds exactly these lines; the ledger appends after them
@@ -197,6 +212,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         print(f"training {len(todo)} runs" + (f" ({len(done)} already finished)" if done else "")
               + (f", {sc0.parallel} at a time" if sc0.parallel > 1 else "") + f"; results in {root}",
               file=sys.stderr, flush=True)
+    _ETA[:] = [Eta("training", len(todo))]
     results = _parallel(todo, runs, root, quiet) if sc0.parallel > 1 and len(todo) > 1 else \
         ((i, r, lambda led, rows, i=i, r=r: _one_run(i, r, runs, led, sink, rows, quiet)) for i, r in todo)
     try:
@@ -306,13 +322,18 @@ def _worker_run(i: int, r: dict, n_runs: int, root: str, store, store_rounds) ->
     return info, rows_by.get(r["run_id"], [])
 
 
+_ETA: list = []   # the training phase's clock (run_scenario sets it)
+
+
 def _say_run(i: int, n: int, r: dict, info: dict) -> None:
-    """One line per finished run on stderr when it is not a TTY (batch jobs; a TTY has the progress bar)."""
+    """One line per finished run on stderr when it is not a TTY (batch jobs; a TTY has the progress bar), with the
+    phase's progress and time left."""
+    eta = f"; {_ETA[-1].tick()}" if _ETA else ""
     if sys.stderr.isatty() and r["sc"].parallel <= 1:
         return
     print(f"[{i + 1}/{n}] {r['run_id']}: held-out acc {info['target_acc']:.3f} (round "
           f"{info['selected_round']}/{r['params'].rounds}{'' if info['converged'] else ', NOT CONVERGED'}), "
-          f"{info['seconds']:.1f} s", file=sys.stderr, flush=True)
+          f"{info['seconds']:.1f} s{eta}", file=sys.stderr, flush=True)
 
 
 def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:

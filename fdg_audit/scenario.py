@@ -6,6 +6,7 @@ sweep variant x dataset x method x held-out target x seed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import json
 import tomllib
@@ -50,6 +51,7 @@ class AttackEntry:
 class Scenario:
     name: str = "scenario"
     seeds: list = field(default_factory=lambda: [0])
+    seeds_draw_data: bool = True  # each seed draws its own data split (DataConfig.draw); false: one split for all seeds
     device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
     engine: str = "local"         # local | process (worker processes) | ray (Ray actors); same ledger
     threads: int = 0              # torch threads per run; 0 = leave torch's default
@@ -71,6 +73,8 @@ class Scenario:
     compare_to: str = "fedavg"    # the method (registered name) every other is compared with: Δ columns
     reference: dict = field(default_factory=dict)  # published numbers the report prints beside the measured ones:
                                                    # source = "...", values = { <method label> = accuracy in [0, 1] }
+    attack_timeout: float = 3600.0   # seconds one attack worker (describe, control, one run) may take; then killed
+    attack_memory_gb: float = 8.0    # memory (data size, GB) of one attack worker; beyond it the worker fails
 
 
 def parse_value(text: str):
@@ -80,16 +84,27 @@ def parse_value(text: str):
         return text
 
 
+LIST_TABLES = ("datasets", "methods", "attacks")
+
+
 def apply_set(raw: dict, assignment: str) -> None:
-    """``a.b.c=value``; list tables (datasets, methods, attacks) are addressed by label or name."""
+    """``a.b.c=value``; list tables (datasets, methods, attacks) are addressed by label, name or position. A list
+    table the scenario does not have (e.g. ``datasets.*`` on a ``[data]`` scenario) is an error, not a new table."""
     key, sep, text = assignment.partition("=")
     if not sep:
-        raise UserError(f"--set {assignment!r}: write key=value, e.g. --set train.rounds=3")
+        raise UserError(f"--set {assignment[:100]!r}: write key=value, e.g. --set train.rounds=3")
     parts, node, i = key.strip().split("."), raw, 0
+    if node is raw and parts[0] in LIST_TABLES and len(parts) > 1 and not isinstance(raw.get(parts[0]), list):
+        hint = " (this scenario has a [data] table: address it as data.<key>)" if parts[0] == "datasets" and \
+            "data" in raw else ""
+        raise UserError(f"--set {key[:100]}: the scenario has no [[{parts[0]}]] entries to change{hint}; add the "
+                        f"entry to the scenario file")
     while i < len(parts) - 1:
         child = node.get(parts[i])
         if isinstance(child, list):
-            hit = [t for t in child if isinstance(t, dict) and parts[i + 1] in (t.get("label"), t.get("name"))]
+            pick = parts[i + 1]
+            hit = [t for t in child if isinstance(t, dict) and pick in (t.get("label"), t.get("name"))] or \
+                ([child[int(pick)]] if pick.isdigit() and int(pick) < len(child) else [])
             if not hit:
                 raise UserError(f"--set {key}: no entry {parts[i + 1]!r} in {parts[i]}; have "
                                 f"{[t.get('label') or t.get('name') for t in child]}")
@@ -103,6 +118,15 @@ def apply_set(raw: dict, assignment: str) -> None:
     if i != len(parts) - 1:
         raise UserError(f"--set {key}: name a key inside the entry, e.g. {key}.lr=0.1")
     node[parts[-1]] = parse_value(text.strip())
+
+
+def check_limits(timeout, memory_gb, where: str = "scenario") -> tuple[float, float]:
+    """``attack_timeout`` (seconds) and ``attack_memory_gb``: positive finite numbers, or a one-line error."""
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")  # noqa: E731
+    if not num(timeout) or not num(memory_gb) or memory_gb < 0.25:
+        raise UserError(f"{where}: attack_timeout = {timeout!r}, attack_memory_gb = {memory_gb!r}: give seconds > 0 "
+                        "and gigabytes >= 0.25 (defaults 3600 and 8)")
+    return float(timeout), float(memory_gb)
 
 
 def _entries(cls, items, where: str) -> list:
@@ -182,6 +206,12 @@ def parse(raw: dict) -> Scenario:
     if not isinstance(sc.store_rounds, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in sc.store_rounds):
         raise UserError(f"store_rounds = {sc.store_rounds!r}: give a list of round numbers >= 0 ([] = every round)")
+    rounds = max([typed(TrainParams, sc.train, "train").rounds] + [m.params["rounds"] for m in sc.methods
+                                                                    if isinstance(m.params.get("rounds"), int)])
+    if sc.store_rounds and max(sc.store_rounds) > rounds:
+        raise UserError(f"store_rounds = {sc.store_rounds!r} names rounds beyond the last ({rounds}): list rounds "
+                        f"from 0 to {rounds}")
+    check_limits(sc.attack_timeout, sc.attack_memory_gb)
     from .models import ARCHS, NORMS
     if sc.model.arch not in ARCHS or sc.model.norm not in NORMS:
         raise UserError(f"model.arch = {sc.model.arch!r}, model.norm = {sc.model.norm!r}: use an arch of "
@@ -310,6 +340,10 @@ def plan(raw: dict) -> list[dict]:
             targets = data.names if ds.targets == "all" else list(ds.targets)
             for t in targets:
                 data.domain(t)
+            drawn = {}   # the run seed's own draw of the data (same for every method: comparisons stay paired)
+            for seed in (sc.seeds if sc.seeds_draw_data else ()):
+                d = dataclasses.replace(ds, draw=seed)
+                drawn[seed] = d, load_data(d)
             for m in sc.methods:
                 method = load_method(m.name)
                 params = method_params(method, m, sc.train)
@@ -319,7 +353,8 @@ def plan(raw: dict) -> list[dict]:
                 check_run(privacy, sc.model, data, method, params, sc.engine)
                 for t in targets:
                     for seed in sc.seeds:
-                        runs.append(dict(sc=sc, data=data, ds=ds, method=m, params=params, target=t, seed=seed,
+                        ds_s, data_s = drawn[seed] if sc.seeds_draw_data else (ds, data)
+                        runs.append(dict(sc=sc, data=data_s, ds=ds_s, method=m, params=params, target=t, seed=seed,
                                          variant=tag, sweep=assign, privacy=privacy, dataset_index=di,
                                          run_id=f"{ds.label}/{m.label}{tag}/{t}/s{seed}"))
     return runs

@@ -8,26 +8,21 @@ metric registry (fdg_audit.metrics.registry), which says the harm each measures.
 """
 from __future__ import annotations
 
+import hashlib
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 
-from . import metrics as M
+from . import metrics as M, seeding
 from .api.attack import Audit, Aux, Estimate, Predictions, Reconstruction, Scores
 from .data import Split
+from .errors import UserError
 from .ledger import load_npz
 from .privacy.audit import audit_rows
 from .runfolder import RunFolder
-
-
-def _matched(rec: torch.Tensor, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(rows of ``rec``, rows of ``x``) paired one to one by the Hungarian algorithm on per-image MSE (every image
-    of the smaller set gets a distinct partner)."""
-    if len(rec) <= len(x):
-        return np.arange(len(rec)), M.match_batch(x, rec).cpu().numpy()
-    return M.match_batch(rec, x).cpu().numpy(), np.arange(len(x))
 
 
 class Truth:
@@ -47,6 +42,34 @@ class Truth:
         x = torch.stack([self.pool[d][0][i] for d, i in locs])
         y = torch.stack([self.pool[d][1][i] for d, i in locs])
         return x, y, [d for d, _ in locs]
+
+    def public_images(self, sources) -> torch.Tensor:
+        """The images of the run's domains that are not ``sources`` (the held-out domain: an attacker's public data)."""
+        rest = [v[0] for n, v in self.pool.items() if n not in set(sources)] or [v[0] for v in self.pool.values()]
+        return torch.cat(rest)
+
+    def held(self, victim: str, idx) -> np.ndarray:
+        """Image ids the victim held: its training images (all of an aggregate "a+b"), and ``idx`` itself."""
+        try:
+            own = self.record(victim, "train")["idx"]
+        except (UserError, StopIteration, KeyError, ValueError):   # not a client of the data set: only idx
+            own = []
+        return np.union1d(np.asarray(own, np.int64), np.asarray(idx, np.int64))
+
+    def distractors(self, idx, y, doms, held, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        """For each true image, ``n`` images of its domain that the victim did not hold, those of its class first,
+        in an order drawn from the image's id (so every attack and channel meets the same candidates): a tensor
+        (B, D, C, H, W) with D = the fewest any image has (at most ``n``), and D per image."""
+        picks = []
+        for g, c, d in zip(np.asarray(idx), np.asarray(y), doms):
+            xs, ys, ids = self.pool[d]
+            free = ~np.isin(ids, held)
+            rng = seeding.rng(seeding.SCORE, int(g))
+            same, other = np.flatnonzero(free & (ys.numpy() == c)), np.flatnonzero(free & (ys.numpy() != c))
+            picks.append((d, np.concatenate([rng.permutation(same), rng.permutation(other)])[:n]))
+        k = min((len(p) for _, p in picks), default=0)
+        out = torch.stack([self.pool[d][0][p[:k]] for d, p in picks]) if picks else torch.empty(0)
+        return out, np.full(len(picks), k)
 
     def record(self, victim: str, name: str) -> dict:
         if name == "train":
@@ -109,44 +132,18 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple
         dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
     I = M.stats.Items
     if isinstance(out, Reconstruction):
-        rec = truth.record(out.victim, out.truth)
-        idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
-        x, y, _ = truth.images(idx)
-        r = out.images.detach().cpu().float().clamp(0, 1)
-        if out.flat_baseline and out.rows is not None:
-            b = x.mean((2, 3), keepdim=True).expand_as(x).clone()
-        elif out.baseline is not None:
-            b = out.baseline.cpu().float()
-        else:
-            b = (aux.public.x if aux.public is not None else x).mean(0, keepdim=True).expand_as(r)
-        xb, pred = x, None if out.labels is None else np.asarray(out.labels)
-        if out.rows is None:  # match each image (baselines on their own) to a distinct true image
-            ri, ci = _matched(r, x)
-            bi, bc = _matched(b, x)
-            r, b, xb, x, y = r[ri], b[bi], x[bc], x[ci], y[ci]
-            pred = None if pred is None else pred[ri]
-        ps = M.aligned_psnr(r, x) if out.aligned else M.psnr(r, x)
-        bs = M.aligned_psnr(b, xb) if out.aligned else M.psnr(b, xb)
-        ss = M.ssim(M.aligned(r, x) if out.aligned else r, x)
-        sb = M.ssim(M.aligned(b, xb) if out.aligned else b, xb)
-        # item ids: the true image each value is scored against (the baseline's own matching when matched apart)
-        ids, bids = (_image_ids(idx), _image_ids(idx)) if out.rows is not None else \
-            (_image_ids(idx[ci]), _image_ids(idx[bc]))
-        per = lambda v, i=ids: I("mean", np.asarray(v, float), ids=i)  # noqa: E731  (per-image values)
-        add("psnr", ps.mean(), bs.mean(), per(ps), per(bs, bids))
-        add("psnr_max", ps.max(), bs.max())
-        add("ssim", ss.mean(), sb.mean(), per(ss), per(sb, bids))
-        add("success@25dB", M.success_rate(ps, 25.0), M.success_rate(bs, 25.0), per(ps >= 25.0),
-            per(bs >= 25.0, bids))
-        if pred is not None:
-            hit = pred == y.numpy()
-            add("label_acc", float(hit.mean()), M.chance(aux.num_classes), per(hit))
-        images = (x, r, b)
+        rows, images = score_reconstruction(out, truth, aux)
     elif isinstance(out, Scores):
         vs = out.victims or [out.victim]
         lab = np.concatenate([members[v] for v in vs])
         ids = np.concatenate([_image_ids(np.arange(len(members[v])), v) for v in vs])
-        add("auc", M.auc(out.scores, lab), 0.5, I("auc", np.asarray(out.scores, float), lab.astype(int), ids))
+        blind = _blind_auc(aux, members, vs)
+        base = 0.5 if np.isnan(blind) else max(0.5, blind)   # a leak only above what no model gives
+        a, lo, hi = M.membership.auc_ci(out.scores, lab)
+        add("auc", a, base, I("auc", np.asarray(out.scores, float), lab.astype(int), ids))
+        add("auc_ci_low", lo, base)
+        add("auc_ci_high", hi, base)
+        add("blind_auc", blind, 0.5)
         for f in (0.01, 0.001, 0.0):
             add(f"tpr@{f:g}fpr", M.tpr_at_fpr(out.scores, lab, f), f)
     elif isinstance(out, Predictions):
@@ -191,7 +188,98 @@ def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple
     return rows, images
 
 
+N_DISTRACTORS = 99   # re-identification: the true image among 99 others of its domain (chance 1 %)
+ALIGNMENT = "aligned (best circular shift and point inversion, for every channel)"
+BASELINE_KIND = "better of the attacker's public mean image and the flat image (true channel means), aligned the same way"
+
+
+def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple[list[dict], tuple]:
+    """One scorer for every reconstruction, whatever the channel: each image is aligned to its true image (shift
+    and point inversion: the ambiguities of Fourier magnitudes, applied to every channel alike); with ``rows`` None
+    the images are first matched one to one to the victim's training images (Hungarian, on aligned MSE).
+
+    Headline ``reid``: the reconstruction picks its true image out of the true image and ``N_DISTRACTORS`` images
+    of the same domain that the victim did not hold (same class first), by nearest neighbour on aligned images;
+    chance 1/(1 + D) is its baseline. Beside it: aligned PSNR (``psnr``), plain PSNR (``psnr_plain``), aligned SSIM,
+    success at 20 and 25 dB. Their baseline per image is the better of two images an attacker has for free, scored
+    the same way: the attacker's public mean image (the held-out domain's) and the flat image at the true image's
+    channel means. ``cpu_seconds`` and ``iterations`` are the attack's cost. Every row carries ``alignment``,
+    ``baseline_kind``, ``plateau`` and ``n_distractors``."""
+    I = M.stats.Items
+    rec = truth.record(out.victim, out.truth)
+    idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
+    x, y, doms = truth.images(idx)
+    r = out.images.detach().cpu().float().clamp(0, 1)
+    pred = None if out.labels is None else np.asarray(out.labels)
+    cols = None
+    if out.rows is None:   # one to one on aligned MSE; the surplus of the larger set is left out
+        ri, ci = linear_sum_assignment(M.aligned_mse(r, x).double().numpy())
+        cols, idx = ri, idx[ci]
+        r, x, y, doms = r[ri], x[ci], y[ci], [doms[i] for i in ci]
+        pred = None if pred is None else pred[ri]
+    r = M.aligned(r, x)
+    public = aux.public.x if aux.public is not None else truth.public_images(aux.domains)
+    base = torch.stack([M.aligned(public.mean(0, keepdim=True).expand_as(x).contiguous(), x),
+                        x.mean((2, 3), keepdim=True).expand_as(x)])            # (2, B, C, H, W)
+    bp = torch.stack([M.psnr(b, x) for b in base])
+    pick = bp.argmax(0)
+    b = base[pick, torch.arange(len(x))]
+    ids = _image_ids(idx)
+    per = lambda v: I("mean", np.asarray(v, float), ids=ids)  # noqa: E731  (per-image values)
+    ps, pb = M.psnr(r, x), M.psnr(b, x)
+    held = truth.held(out.victim, idx)
+    dis, n_dis = truth.distractors(idx, y.numpy(), doms, held, N_DISTRACTORS)
+    hit = M.reidentified(r, x, dis).numpy()
+    chance = 1.0 / (1 + (int(n_dis.min()) if len(n_dis) else 0))
+    rows = []
+    add = lambda metric, value, baseline=float("nan"), items=None, base=None: rows.append(  # noqa: E731
+        dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
+    add("reid", hit.mean(), chance, per(hit), per(np.full(len(hit), chance)))
+    add("psnr", ps.mean(), pb.mean(), per(ps), per(pb))
+    add("psnr_plain", M.psnr(out_plain(out, cols), x).mean(), pb.mean())
+    add("psnr_max", ps.max(), pb.max())
+    ss, sb = M.ssim(r, x), M.ssim(b, x)
+    add("ssim", ss.mean(), sb.mean(), per(ss), per(sb))
+    for t in (20.0, 25.0):
+        add(f"success@{t:g}dB", M.success_rate(ps, t), M.success_rate(pb, t), per(ps >= t), per(pb >= t))
+    if pred is not None:
+        ok = pred == y.numpy()
+        add("label_acc", float(ok.mean()), M.chance(aux.num_classes), per(ok))
+    if np.isfinite(out.cpu_seconds):
+        add("cpu_seconds", out.cpu_seconds)
+    if out.iterations:
+        add("iterations", out.iterations)
+    extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
+                 n_distractors=int(n_dis.min()) if len(n_dis) else 0)
+    return [row | extra for row in rows], (x, r, b)
+
+
+def out_plain(out: Reconstruction, cols) -> torch.Tensor:
+    """The attack's images as it returned them (matched, not aligned): the plain-PSNR column."""
+    r = out.images.detach().cpu().float().clamp(0, 1)
+    return r if cols is None else r[cols]
+
+
 def _image_ids(idx, victim: str = "") -> np.ndarray:
     """Item identities for the held-out split: global image ids, or pool positions salted by the victim's name."""
     salt = (zlib.crc32(victim.encode()) & 0x7FFFFFFF) << 32 if victim else 0
     return np.asarray(idx, np.int64) + np.int64(salt)
+
+
+_BLIND: dict = {}   # blind AUC by candidate pool content: every attack and output of a run shares its pools
+
+
+def _blind_auc(aux: Aux, members: dict, victims: list) -> float:
+    """The blind baseline (``metrics.membership.blind_auc``) of these victims' candidates, pooled; NaN when the
+    attacker's aux has no candidates for one of them."""
+    if any(v not in aux.candidates for v in victims):
+        return float("nan")
+    x = torch.cat([aux.candidates[v].x for v in victims]).cpu().numpy()
+    y = torch.cat([aux.candidates[v].y for v in victims]).cpu().numpy()
+    m = np.concatenate([members[v] for v in victims])
+    if min(m.sum(), len(m) - m.sum()) < 2:
+        return float("nan")
+    key = hashlib.blake2b(x.tobytes() + y.tobytes() + m.tobytes(), digest_size=16).hexdigest()
+    if key not in _BLIND:
+        _BLIND[key] = M.membership.blind_auc(x, y, m, n_classes=aux.num_classes)
+    return _BLIND[key]

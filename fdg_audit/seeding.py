@@ -7,7 +7,8 @@ one element of its key, so two uses never share a stream by accident:
 * a run: ``run_seq(seed, run_id)``; a party's call: ``party_seq(run, party, round, call)`` (the engines reseed
   each party from it before every call, so every engine gives the same ledger on CPU); the round's sample of
   clients: ``SAMPLE``; canaries and coins: ``CANARY``; DP noise: ``NOISE``; attack victims: ``VICTIMS``.
-* data splits take ``(split_seed, <stream number>)`` keys in fdg_audit.data (unchanged, so splits are stable).
+* data splits take ``(split_seed, <stream number>)`` keys in fdg_audit.data (unchanged, so splits are stable); a run's
+  split seed is ``seed_int(secret split seed, DRAW, run seed)`` (``DataConfig.draw``), so each seed draws its data.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import zlib
 import numpy as np
 import torch
 
-SAMPLE, CANARY, NOISE, VICTIMS, SCORE = 2 ** 31, 0xCA7A, 0xD9A5, 0x5643, 0x5C0E
+SAMPLE, CANARY, NOISE, VICTIMS, SCORE, DRAW = 2 ** 31, 0xCA7A, 0xD9A5, 0x5643, 0x5C0E, 0xD4A3
 
 
 def _int(k) -> int:

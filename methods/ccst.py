@@ -1,4 +1,4 @@
-"""CCST: cross-client style transfer (Chen, Jiang, Dou, Chen; WACV 2023), methods.md §7.
+"""CCST: cross-client style transfer (Chen, Jiang, Dou, Chen; WACV 2023), docs/methods.md §7.
 
 Protocol:
 - Round 0: every client computes its style with a frozen public encoder phi and uploads it (phase ``style``,

@@ -1,5 +1,5 @@
-"""COPA: collaborative optimization and aggregation (Wu & Gong, ICCV 2021), methods.md §4. No official code
-exists; everything follows the paper (seeds/copa.txt, Sec. 3, Alg. 1, Sec. 4.1) and the choices below.
+"""COPA: collaborative optimization and aggregation (Wu & Gong, ICCV 2021), docs/methods.md §4. No official code
+exists; everything follows the paper (its Sec. 3, Alg. 1, Sec. 4.1) and the choices below.
 
 Model: a global feature extractor F (the harness's Net without its head) and one classifier head C_i per source
 client (``Linear(feature_dim, C)``, each initialised separately by the server). Protocol, every round t:

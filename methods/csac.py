@@ -1,4 +1,4 @@
-"""CSAC (Yuan et al., TKDE 2023): collaborative semantic aggregation and calibration (methods.md §3).
+"""CSAC (Yuan et al., TKDE 2023): collaborative semantic aggregation and calibration (docs/methods.md §3).
 
 Protocol:
 - Round 0, semantic acquisition: every client trains its own model G_h for ``acquire_epochs`` epochs with
@@ -21,7 +21,7 @@ Protocol:
   The calibrated M is uploaded (kind ``weights``); repeat for ``rounds`` rounds.
 - Only model states cross the wire: L^h, the projections and the attention never leave the client.
 
-Paper vs. official code (methods.md §3); the paper is the default:
+Paper vs. official code (docs/methods.md §3); the paper is the default:
 - ``alignment = "official"``: the objective the released code actually optimises. In its default ``--mode alpha``
   ``DAAttention`` returns no fused-model features, so the cross-layer sum runs zero times (L_AL = 0) and the
   projection/attention convs get no gradient; what remains is CE + 0.6 * MK-MMD(logits of L^h, logits of M)

@@ -1,10 +1,10 @@
-"""FADA: federated adversarial domain adaptation (Peng, Huang, Zhu, Saenko; ICLR 2020), methods.md §10.
+"""FADA: federated adversarial domain adaptation (Peng, Huang, Zhu, Saenko; ICLR 2020), docs/methods.md §10.
 
 Domain adaptation, not generalization: the held-out domain takes part with its unlabeled images (``adaptation``:
 the federation adds a target client whose labels are -1 before it is built), so FADA's held-out accuracy is
 "domain adaptation (target seen, unlabeled)" and the report labels it so. No official code could be read
 (VisionLearningGroup/FADA is not in the index): this follows the paper's equations as the seed survey blog gives
-them (seeds/fedg_survey_blog_zh.txt §2.1), [unverified] where from memory of the paper, and the choices below.
+them (its §2.1; the blog is not in the repository), [unverified] where from memory of the paper, and the choices below.
 
 Modules. The shared model (``build``: what ``weights`` carries and the harness evaluates) is G -> D_di -> C with
 G = the Net's trunk + neck (the feature generator, D-dim), D_di = Linear(D, D) + ReLU (the disentangler's

@@ -1,7 +1,7 @@
 """FedADG (Zhang, Lei, Shi, Huang, Chen; arXiv 2111.10487): federated adversarial domain generalisation.
 
 Every client aligns its class-conditional feature distribution to a shared, adaptively generated reference
-distribution: a class-conditional generator G that the server averages like the model (methods.md §5).
+distribution: a class-conditional generator G that the server averages like the model (docs/methods.md §5).
 
 Modules (D is the only private one):
 - F = the model's trunk + neck (``Net.features``), C = the model's head. The official C is Linear(D, D) ->
@@ -46,7 +46,7 @@ Other differences from the code, by reading:
 - The code's warm-up + ReduceLROnPlateau schedules are left out (constant lr); its batch is 10 (paper 16).
 - The code uploads the last-epoch weights while reporting the best epoch's accuracy (its "best" snapshot holds
   state_dict references); here too: last weights, best accuracy.
-Sizes left open by the paper (noise, RP): ``noise_dim`` and ``rp_dim`` default to D/2 (methods.md setting A).
+Sizes left open by the paper (noise, RP): ``noise_dim`` and ``rp_dim`` default to D/2 (docs/methods.md §5).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """FedAvg (McMahan et al. 2017): the baseline every FedDG method extends.
 
-Protocol (methods.md §1): once, each client reports its training-set size n_k (artifact ``n_samples``).
+Protocol (docs/methods.md §1): once, each client reports its training-set size n_k (artifact ``n_samples``).
 Each round the server broadcasts the full global state (parameters and buffers), each client trains
 locally and uploads its full state, and the server averages every key with p_k = n_k / sum n.
 With ``participation < 1`` only the round's sample is asked and p_k is renormalised over it (McMahan et al.'s

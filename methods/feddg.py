@@ -1,4 +1,4 @@
-"""FedDG / ELCFS (Liu et al., CVPR 2021): episodic learning in continuous frequency space (methods.md §2).
+"""FedDG / ELCFS (Liu et al., CVPR 2021): episodic learning in continuous frequency space (docs/methods.md §2).
 
 Protocol:
 - Round 0, after FedAvg's ``hello`` (n_k): every client computes the amplitude spectrum of each training image,
@@ -25,7 +25,7 @@ Protocol:
   seeded generator: no host-to-device copy per step.
 - The segmentation boundary (NT-Xent) loss is omitted: this is classification (CSAC also discards it).
 
-Paper vs. official code (methods.md §2, "Code != paper"); the paper is the default:
+Paper vs. official code (docs/methods.md §2, "Code != paper"); the paper is the default:
 - ``variant = "paper"``: continuous lam ~ U[0, 1] and the window from ``L``. ``variant = "official"``: the released
   dataloader, ``source_to_target_freq(..., L=0)``: a 1x1 window (the DC term, i.e. each channel's mean intensity)
   replaced outright (lam = 1); ``L`` is ignored.

@@ -1,4 +1,4 @@
-"""FedGA: FedAvg with generalization adjustment (Zhang et al., CVPR 2023), methods.md §8.
+"""FedGA: FedAvg with generalization adjustment (Zhang et al., CVPR 2023), docs/methods.md §8.
 
 Protocol (every round t; the server starts from a_k = 1/K, uniform, so no n_k is sent; the code's 1/3 each, which
 sums to 1 only for K = 3):
@@ -13,7 +13,7 @@ sums to 1 only for K = 3):
 4. The server sets gap_k = after_k - before_k and updates the weights for the next round (``ga_update``).
 Per round and client: one model down, one model and two scalar ``metric`` envelopes up.
 
-``variant = "paper"`` (default; the paper as summarised in the seed survey blog):
+``variant = "paper"`` (default; the paper as a survey blog post, not in the repository, summarises it):
     G_k = gap_k with the metric = mean cross-entropy of the model on the client's TRAINING split
           (risk of the global model - risk of the local model),
     a_k += d_t * (G_k - mu) / max_l (G_l - mu),  mu = mean_l G_l,  d_t = (1 - t/T) * d,

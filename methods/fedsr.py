@@ -1,4 +1,4 @@
-"""FedSR: simple regularised representations for federated DG (Nguyen, Torr, Lim; NeurIPS 2022), methods.md §6.
+"""FedSR: simple regularised representations for federated DG (Nguyen, Torr, Lim; NeurIPS 2022), docs/methods.md §6.
 
 Model (official ``methods/base.py``): the harness's Net with its head replaced by Linear(feature_dim, 2*z_dim),
 whose output is split into mu and sigma = softplus(.), then a classifier Linear(z_dim, C) on one reparameterised

@@ -1,4 +1,4 @@
-"""FPL: federated prototype learning (Huang et al., CVPR 2023), methods.md §9.
+"""FPL: federated prototype learning (Huang et al., CVPR 2023), docs/methods.md §9.
 
 Protocol, every round t (official ``models/fpl.py``):
 1. If the server holds cluster prototypes (from round 2 on), it broadcasts them (phase ``global_protos``, kind
@@ -18,7 +18,7 @@ Protocol, every round t (official ``models/fpl.py``):
    partition it returns, the mean of each cluster = the cluster prototypes of the next round. Then the n_k-weighted
    FedAvg of the model (FPL's "weight" averaging; n_k is sent once, as in FedAvg).
 
-Degeneracy (methods.md §9): FINCH's first partition links every point to its first neighbour, so every cluster has
+Degeneracy (docs/methods.md §9): FINCH's first partition links every point to its first neighbour, so every cluster has
 at least two points: with <= 3 clients a class always forms ONE cluster, its cluster prototype equals the unbiased
 prototype, InfoNCE has a single positive and the MSE pulls to the same point. The paper's real multi-cluster
 behaviour needs several clients per domain (its experiments use 10 clients over 4 domains).

@@ -1,5 +1,5 @@
 """PerAda (Xie et al., CVPR 2024, "PerAda: Parameter-Efficient Federated Learning Personalization with
-Generalization Guarantees"), methods.md §11; the blog's §2.7; code read in NVlabs/PerAda (optim/our.py, optim/base.py,
+Generalization Guarantees"), docs/methods.md §11; code read in NVlabs/PerAda (optim/our.py, optim/base.py,
 aggregation/averaging.py, aggregation/distillation.py, models/resnet_bn_utils.py, scripts/oh/perada-kd.sh).
 
 Model: a pretrained backbone u, frozen, with residual adapters; only the adapters, the norm layers and the head are

@@ -149,7 +149,7 @@ def test_padded_images_with_known_support_come_back_exactly():
     x = torch.nn.functional.pad(toy_images(6, 1, 12, gen), (0, 12, 0, 12))
     sup = torch.zeros(24, 24, dtype=torch.bool)
     sup[:12, :12] = True
-    g, res = retrieve(torch.fft.fft2(x[:, 0]).abs(), sup, "zero", 1000, 200, 8, gen=gen, tol=0.0)
+    g, res, _ = retrieve(torch.fft.fft2(x[:, 0]).abs(), sup, "zero", 1000, 200, 8, gen=gen, tol=0.0)
     ps = M.aligned_psnr(g[:, None], x)
     assert ps.median() >= 60 and (res[ps >= 60] < 1e-3).all()
     assert (M.aligned_psnr(g[:, None].flip(-1), x) < ps).all()      # a mirror image is not a trivial ambiguity
@@ -164,15 +164,45 @@ def test_batched_supports_equal_one_shared_support_and_defaults_are_the_attacks_
     sup = torch.zeros(16, 16, dtype=torch.bool)
     sup[2:14, 2:14] = True
     a = torch.fft.fft2(x).abs()
-    g1, r1 = retrieve(a, sup, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
-    g2, r2 = retrieve(a, sup.expand(4, 16, 16), "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    g1, r1, _ = retrieve(a, sup, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    g2, r2, _ = retrieve(a, sup.expand(4, 16, 16), "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
     assert torch.allclose(g1, g2, atol=1e-5) and torch.allclose(r1, r2, atol=1e-6)
     box = torch.ones(16, 16, dtype=torch.bool)     # an all-True mask is the box variant
-    g3, _ = retrieve(a, box, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
-    g4, _ = retrieve(a, None, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    g3, _, _ = retrieve(a, box, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
+    g4, _, _ = retrieve(a, None, "constant", 30, 10, 2, gen=torch.Generator().manual_seed(0))
     assert torch.allclose(g3, g4, atol=1e-5)
     p = PhaseRetrieval.Params()
     assert (p.hio, p.er, p.restarts) == (1000, 200, 8) and "support_frame" in p.variants
+
+
+def test_each_image_stops_at_its_own_plateau():
+    """Padded images with the known support: under the plateau rule images leave HIO and ER at their own plateaus
+    (fewer iterations than the caps for some, not for all alike); with the rule off (plateau_tol 0, tol 0) every
+    image runs both caps. Images recovered exactly without the rule still are with it."""
+    gen = lambda: torch.Generator().manual_seed(1)  # noqa: E731
+    x = torch.nn.functional.pad(toy_images(6, 1, 12, gen()), (0, 12, 0, 12))
+    sup = torch.zeros(24, 24, dtype=torch.bool)
+    sup[:12, :12] = True
+    a = torch.fft.fft2(x[:, 0]).abs()
+    g, _, plat = retrieve(a, sup, "zero", 600, 200, 4, gen=gen(), window=25)
+    g0, _, plat0 = retrieve(a, sup, "zero", 600, 200, 4, gen=gen(), tol=0.0, plateau_tol=0.0)
+    assert (plat0.its == 800).all() and (plat.its < 800).any() and len(set(plat.its.tolist())) > 1
+    assert (plat.cpu > 0).all() and (plat0.cpu > 0).all()
+    ps, ps0 = M.aligned_psnr(g[:, None], x), M.aligned_psnr(g0[:, None], x)
+    assert (ps[ps0 >= 60] >= 60).all()
+
+
+def test_phase_retrieval_outputs_record_iterations_cpu_and_rule(runs):
+    root = runs("rot", **ROT)
+    run = next(iter(load_runs(root)[0].values()))
+    view = AdversaryView(Ledger.open(root), run.protocol(), "server", "server", torch.device("cpu"))
+    atk = PhaseRetrieval(PhaseRetrieval.Params(adversary_view="server", variants=["box"], hio=40, er=20, restarts=1,
+                                               max_images=2, plateau_window=10))
+    outs = atk.run(view, None)
+    assert len(outs) == len(run.clients)
+    for o in outs:
+        assert 0 < o.iterations <= 60 and o.cpu_seconds > 0
+        assert "over 10 its" in o.plateau and "HIO until a plateau or 40 its" in o.plateau and "cap 60 its" in o.plateau
 
 
 def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):

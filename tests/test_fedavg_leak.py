@@ -72,6 +72,7 @@ def test_plugin_reads_a_recorded_round():
                                                                          ("rot15", 1, (8, 1, 28, 28))]
     assert all(isinstance(o, Reconstruction) and len(o.labels) == 8 and o.variant == "" for o in outs)
     assert atk.threat()["budget"] == {"*": [3, 1]}
+    assert all(o.iterations == 3 and o.cpu_seconds > 0 and "cap 3 its" in o.plateau for o in outs)
 
 
 # Measured (300 iterations x 1 restart, tv 0.3 for all three; mean matched PSNR in dB over the 8 digits, seed 0):

@@ -182,7 +182,7 @@ max_victims = 1
 
 
 def test_fedsgd_batch1_positive_control_through_the_pipeline(run_toml):
-    """The mandatory positive control (attacks.md §6): FedSGD, batch 1, cnn_small on embedded digits, label
+    """The mandatory positive control (docs/attacks.md §6): FedSGD, batch 1, cnn_small on embedded digits, label
     recovered by iDLG, scored by the shared scorer against the victim's training set: >= 20 dB."""
     root = run_toml(POSITIVE)
     rows = list(csv.DictReader(open(root / "leakage.csv")))
@@ -205,6 +205,8 @@ def test_fedsgd_batch1_positive_control_through_the_pipeline(run_toml):
     outs = atk.run(view, Aux(num_classes=10))
     assert [(o.victim, o.round, tuple(o.images.shape)) for o in outs] == [("rot30", 1, (1, 1, 28, 28))]
     assert isinstance(outs[0], Reconstruction) and outs[0].labels is not None
+    assert 0 < outs[0].iterations <= 50 and outs[0].cpu_seconds > 0     # its cost, and the rule that stopped it
+    assert "plateau" in outs[0].plateau and "cap 50 its" in outs[0].plateau
 
 
 def test_fedsgd_batch1_positive_control_cnn_mnist(run_toml):
@@ -243,3 +245,58 @@ def test_curious_client_unrolls_at_most_max_parties_with_the_recorded_clip(run_t
         [("rot15/1+rot30/0+rot30/1", 1, (2, 1, 28, 28))]
     every = UpdateInversion(Params(adversary_view="client", iterations=5, restarts=1, max_parties=0))
     assert tuple(every.run(view, Aux(num_classes=10))[0].images.shape) == (3, 1, 28, 28)
+
+
+def _victims(k: int, n: int):
+    """k victims of n embedded digits each, one local epoch of FedAvg from the same start: the attacker's model,
+    the start parameters, each victim's observed update and labels, the shared schedule and protocol."""
+    d = load_data(DataConfig(dataset="digits", domains=["rot15"], per_domain=20)).domains[0].train
+    torch.manual_seed(0)
+    net = build_model(ModelConfig("cnn_small"), 1, 10, 28)
+    theta = {k: v.detach().clone() for k, v in net.named_parameters()}
+    tp = TrainParams(lr=0.05, batch_size=32, local_epochs=1)
+    obs, ys = [], []
+    for v in range(k):
+        net.load_state_dict(theta, strict=False)
+        x0, y0 = d.x[n * v:n * (v + 1)], d.y[n * v:n * (v + 1)]
+        opt = make_optimizer(tp, net.parameters())
+        F.cross_entropy(net(x0), y0).backward()
+        opt.step()
+        obs.append({k: p.detach() - theta[k] for k, p in net.named_parameters()})
+        ys.append(y0)
+    net.load_state_dict(theta, strict=False)
+    pr = Protocol.of(vars(tp))
+    return net, theta, obs, ys, schedule(n, pr)[0], pr
+
+
+def test_batched_victims_equal_the_per_victim_loop_each_stopping_at_its_own_plateau():
+    """Three victims inverted as one vmapped batch give, with the same seeds, each victim's own reconstruction,
+    objective and iteration count; a short window makes them stop at different iterations, so finished victims
+    leave the batch while the others go on."""
+    from attacks.inversion import invert_many
+    net, theta, obs, ys, steps, pr = _victims(3, 2)
+    p = Params(iterations=80, restarts=2, plateau_window=5, plateau_tol=0.05)
+    gen = lambda v: torch.Generator().manual_seed(v)  # noqa: E731
+    loop = [invert_many(net, [theta], [obs[v]], [ys[v]], [steps], pr, (1, 28, 28), p, [gen(v)]) for v in range(3)]
+    x, loss, plat = invert_many(net, [theta] * 3, obs, ys, [steps], pr, (1, 28, 28), p, [gen(v) for v in range(3)])
+    assert x.shape == (3, 2, 1, 28, 28)
+    for v, (xv, lv, pv) in enumerate(loop):
+        assert torch.allclose(x[v], xv[0], atol=1e-5) and abs(float(loss[v] - lv[0])) < 1e-6
+        assert int(plat.its[v]) == int(pv.its[0]) and int(plat.stage[v]) == int(pv.stage[0])
+    assert len(set(plat.its.tolist())) > 1 and int(plat.its.min()) < p.iterations
+    assert (plat.cpu > 0).all()
+
+
+def test_plateau_rule_moves_stalled_units_and_spares_improving_ones():
+    """Unit 0 improves 10% per iteration, unit 1 not at all: with a window of 2 and 1% tolerance, unit 1 plateaus at
+    the second check (the first only sets its mark), reaches its last stage at the third and is done; unit 0 runs
+    to the caller's cap."""
+    from attacks.images import Plateau
+    pl = Plateau(2, window=2, tol=0.01, stages=2)
+    best = torch.tensor([1.0, 1.0])
+    for _ in range(10):
+        best = best * torch.tensor([0.9, 1.0])
+        if pl.due():
+            pl.check(best[pl.active])
+    pl.finish()
+    assert pl.its.tolist() == [10, 6] and pl.stage.tolist() == [0, 2] and pl.active.numel() == 0

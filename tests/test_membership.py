@@ -130,6 +130,12 @@ def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
     from fdg_audit.metrics import auc
     pooled = [r for r in loss if r["victim"] == "pooled"][0]
     assert abs(auc(z["score"], z["member"]) - float(pooled["value"])) < 1e-9
+    # each victim's and the pooled AUC with its DeLong interval and the blind baseline (max(0.5, blind AUC))
+    for r in loss:
+        same = {x["metric"]: float(x["value"]) for x in rows if x["attack"] == "mia_loss" and x["victim"] == r["victim"]
+                and x["output"] == r["output"]}
+        assert same["auc_ci_low"] <= float(r["value"]) <= same["auc_ci_high"]
+        assert float(r["baseline"]) == pytest.approx(max(0.5, same["blind_auc"]))
 
 
 def test_candidates_of_small_clients_pair_members_with_domain_non_members():
@@ -149,3 +155,64 @@ def test_candidates_of_small_clients_pair_members_with_domain_non_members():
         own = {x.numpy().tobytes() for x in c.train.x}
         for x, is_in in zip(cand.x, m):
             assert (x.numpy().tobytes() in own) == bool(is_in)
+
+
+def _digits_pool(shift: bool, n=200, seed=0):
+    """Candidates from one domain's images: members and non-members a random split (exchangeable), or (``shift``)
+    members mostly of classes 0-4 and non-members mostly of 5-9 (a class-balance shift no model is needed for)."""
+    import torch
+    from fdg_audit.data import DataConfig, load_data
+    d = load_data(DataConfig(dataset="digits", domains=["rot0", "rot30"])).domains[0]
+    x, y = torch.cat([d.train.x, d.val.x]), torch.cat([d.train.y, d.val.y])
+    rng = np.random.default_rng(seed)
+    w = np.where(y.numpy() < 5, 0.8, 0.2) if shift else np.full(len(y), 0.5)
+    is_member = rng.random(len(y)) < w
+    pick = lambda mask: rng.permutation(np.flatnonzero(mask))[:n // 2]  # noqa: E731
+    keep = np.r_[pick(is_member), pick(~is_member)]
+    return x[keep], y[keep], is_member[keep].astype(float)
+
+
+def test_blind_auc_beats_chance_only_when_members_and_non_members_differ():
+    from fdg_audit.metrics.membership import blind_auc, hanley_mcneil_se
+    se = hanley_mcneil_se(0.5, 100, 100)                       # about 0.041
+    exchangeable = [blind_auc(*_digits_pool(False, seed=s), seed=s) for s in range(3)]
+    assert all(abs(a - 0.5) < 3 * se for a in exchangeable), exchangeable
+    shifted = blind_auc(*_digits_pool(True))
+    assert shifted > 0.5 + 3 * se, shifted
+
+
+def test_auc_ci_is_delongs_interval_with_its_coverage():
+    from scipy.stats import norm
+    from fdg_audit.metrics.membership import auc, auc_ci, victim_spread
+    rng = np.random.default_rng(0)
+    lab = np.r_[np.ones(60), np.zeros(40)]
+    s = rng.normal(0.8 * lab, 1.0)
+    a, lo, hi = auc_ci(s, lab)
+    assert a == pytest.approx(auc(s, lab)) and lo < a < hi
+    true = norm.cdf(0.8 / np.sqrt(2))                          # binormal AUC
+    cover = np.mean([(lambda c: c[1] <= true <= c[2])(auc_ci(rng.normal(0.8 * lab, 1.0), lab)) for _ in range(300)])
+    assert 0.91 <= cover <= 0.99, cover
+    ties = np.round(s)                                         # midranks: ties count half, as in the AUC
+    assert auc_ci(ties, lab)[0] == pytest.approx(auc(ties, lab))
+    leaky, blind = (rng.normal(3 * lab, 1.0), lab), (rng.normal(0 * lab, 1.0), lab)
+    sp = victim_spread({"a": leaky, "b": blind}, baseline={"a": 0.5, "b": 0.5})
+    assert sp["share_clear"] == 0.5 and sp["min"] == sp["victims"]["b"][0] and sp["max"] > 0.95
+    assert victim_spread({"a": leaky}, baseline=0.999)["share_clear"] == 0.0
+
+
+def test_scorer_baseline_is_the_blind_auc_of_the_candidates():
+    import torch
+    from fdg_audit.api.attack import Aux, Scores
+    from fdg_audit.data import Split
+    from fdg_audit.scoring import score
+    rows = {}
+    for shift in (True, False):
+        x, y, m = _digits_pool(shift)
+        aux = Aux(candidates={"v": Split(x, y, np.arange(len(y)))}, num_classes=10)
+        s = np.random.default_rng(1).normal(size=len(m)) + m
+        rows[shift] = {r["metric"]: r for r in score(Scores("v", "weights", 1, s), None, {"v": m}, aux)[0]}
+    for r in rows.values():
+        assert r["auc"]["baseline"] == max(0.5, r["blind_auc"]["value"])
+        assert r["auc_ci_low"]["value"] < r["auc"]["value"] < r["auc_ci_high"]["value"]
+        assert r["auc_ci_low"]["baseline"] == r["auc"]["baseline"]
+    assert rows[True]["auc"]["baseline"] > 0.6 > rows[False]["blind_auc"]["value"]

@@ -254,7 +254,7 @@ def test_registry_covers_every_metric_the_scorer_writes():
     assert R.info("psnr").hi == M.PSNR_CAP_DB and R.harm_of("label_acc") == "class"
     assert R.stronger("n_samples_rel_error", 0.1, 0.3) and R.stronger("auc", 0.7, 0.6)
     assert not R.stronger("auc", float("nan"), 0.1)
-    assert [R.card_metrics(h) for h in ("reconstruction", "class")] == [("psnr",), ("label_acc", "class_balanced_acc")]
+    assert [R.card_metrics(h) for h in ("reconstruction", "class")] == [("reid",), ("label_acc", "class_balanced_acc")]
     with pytest.raises(UserError, match=r"'lpips'.*fdg_audit/metrics/registry.py"):
         R.info("lpips")
 

@@ -1,5 +1,5 @@
 """Reports: the scorecard first and consistent with scorecard.csv, tables checked against hand-made run folders,
-Pareto fronts, bytes by kind, files and links."""
+bytes by kind, files and links."""
 import csv
 import json
 import math
@@ -119,6 +119,17 @@ def md_table(text, first_header, after="# "):
     return rows
 
 
+@pytest.fixture
+def psnr_headline(monkeypatch):
+    """The scorecard's mechanics on a dB headline: aligned PSNR as the reconstruction card metric (the registry's
+    headline is re-identification; the scorecard scores a harm by whichever metric the registry marks ``card``)."""
+    import dataclasses
+
+    from fdg_audit.metrics import registry as R
+    for m, card in (("psnr", True), ("reid", False)):
+        monkeypatch.setitem(R.METRICS, m, dataclasses.replace(R.METRICS[m], card=card))
+
+
 def parse_pm(cell):
     m = re.match(r"([-\d.]+)(?: ± ([-\d.]+))?", cell)
     return float(m.group(1)), (float(m.group(2)) if m.group(2) else float("nan"))
@@ -194,15 +205,6 @@ def test_leakage_strongest_over_victims_and_rounds_then_over_runs(tmp_path):
     p = next(r for r in lrows if r["metric"] == "psnr")
     assert parse_pm(p["strongest (mean ± std over runs)"])[0] == 27.0 and p["Δ vs baseline"] == "+15.5"
     assert "skipped: no amplitude bank (1×)" in md
-
-
-def test_pareto_front_on_a_hand_made_example():
-    # (leakage, accuracy): b dominates a (less leakage, more accuracy); c and d trade off; e ties c exactly
-    pts = [(0.8, 0.5), (0.6, 0.6), (0.9, 0.9), (0.5, 0.4), (0.9, 0.9), (0.95, 0.85)]
-    assert T.pareto_front(pts) == [False, True, True, True, True, False]
-    # for an error metric (lower = more leakage) the orientation flips
-    assert T.pareto_front([(0.1, 0.9), (0.5, 0.8), (0.5, 0.95)], higher=False) == [False, False, True]
-    assert T.pareto_front([]) == []
 
 
 # ---------------------------------------------------------------- bytes
@@ -312,6 +314,7 @@ def _items_file(root, attack, run, cands, output="main"):
     RunFolder(root).save_items(attack, run, rows)
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     base = {(t, s): 0.5 + 0.05 * s + (0.1 if t == "A" else 0) for t in "AB" for s in (0, 1, 2)}
     root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: base[(t, s)] + (0.1 if m == "feddg" else 0.0),
@@ -333,14 +336,16 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
         for a in ("pr", "ui")]))
     md = write_report([root], tmp_path / "out").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
-    assert sections[:2] == ["## Verdict", "## Privacy scorecard"]
+    assert sections[:2] == ["## The answer", "## Privacy scorecard"] and "## Verdict" in sections
     with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
         card = list(csv.DictReader(f))
     from fdg_audit.report.scorecard import FIELDS
     assert list(card[0]) == FIELDS
-    cell = {(r["method"], r["harm"]): r for r in card}
-    assert set(cell) == {("fedavg", "accuracy"), ("feddg", "accuracy"), ("fedavg", "reconstruction"),
-                         ("feddg", "reconstruction")}
+    assert {(r["method"], r["harm"], r["setting"]) for r in card} == {
+        ("fedavg", "accuracy", ""), ("feddg", "accuracy", ""), ("fedavg", "reconstruction", ""),
+        ("feddg", "reconstruction", ""), ("fedavg", "reconstruction", "any channel"),
+        ("feddg", "reconstruction", "any channel")}
+    cell = {(r["method"], r["harm"]): r for r in card if not r["setting"]}
     avg, dg = cell[("fedavg", "reconstruction")], cell[("feddg", "reconstruction")]
     assert avg["selection"] == "single" and avg["attack"] == "ui" and avg["n_items"] == "240"
     assert float(avg["value"]) == pytest.approx(np.mean(list(truth.values())), abs=1e-3)
@@ -355,7 +360,7 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     assert float(acc["diff_ref"]) == pytest.approx(0.1) and float(acc["baseline"]) == pytest.approx(0.1)
     assert acc["reference"] == "fedavg" and cell[("fedavg", "accuracy")]["reference"] == ""
     # the verdict, in words, from these cells: 30 dB and 15 dB both clear 11 dB; feddg's accuracy cost is +0.1
-    verdict = md.split("## Verdict")[1].split("## Privacy scorecard")[0]
+    verdict = md.split("## Verdict")[1].split("\n## ")[0]
     line = {m: next(x for x in verdict.splitlines() if x.startswith(f"- **{m}**")) for m in ("fedavg", "feddg")}
     for m, r in (("fedavg", avg), ("feddg", dg)):
         assert f"reconstruction against the server: recon PSNR dB {float(r['value']):.1f} [" in line[m]
@@ -370,10 +375,10 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     assert rows[("feddg", "reconstruction")]["Δ fedavg [95% CI]"] == "—"
     assert rows[("feddg", "accuracy")]["value [95% CI]"].startswith(f"{float(acc['value']):.3f}")
     # in words: feddg is 0.1 more accurate on every target and seed
-    assert "distinguishable: fedavg − feddg = -0.100 [-0.100, -0.100] (n = 6, p = 0)" in md
+    assert "distinguishable: feddg − fedavg = +0.100 [+0.100, +0.100] (n = 6, p = 0)" in md   # the reference second
     h = headline(root)
     assert f"server: {float(dg['value']):.1f} [" in h and "Δ +0.100" in h
-    assert "plots/tradeoff_digits_reconstruction.png" in md
+    assert "plots/tradeoff_digits.png" in md.split("## Privacy scorecard")[0]   # the trade-off figure on page one
 
 
 def test_reconstruction_grids_of_client_ids_stay_flat_and_parse_back(tmp_path):
@@ -394,6 +399,7 @@ def test_reconstruction_grids_of_client_ids_stay_flat_and_parse_back(tmp_path):
 
 
 @pytest.mark.parametrize("fedavg_level", [15.0, 8.0])
+@pytest.mark.usefixtures("psnr_headline")
 def test_delta_only_between_the_same_attack_above_baseline_and_intervals_in_range(tmp_path, fedavg_level):
     """Both methods attacked by the same attack: a Δ when FedAvg's cell beats its baseline (11 dB); when it does not
     (8 dB), FedAvg's cell reads "no reconstruction at this budget" and FedDG gets no Δ against a failed attack.
@@ -409,7 +415,7 @@ def test_delta_only_between_the_same_attack_above_baseline_and_intervals_in_rang
                                                          threshold=60.0, positive=True, passed=True)]))
     write_report([root], tmp_path / "out")
     with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
-        cell = {(r["method"], r["harm"]): r for r in csv.DictReader(f)}
+        cell = {(r["method"], r["harm"]): r for r in csv.DictReader(f) if not r["setting"]}
     avg, dg = cell[("fedavg", "reconstruction")], cell[("feddg", "reconstruction")]
     assert 0 <= float(dg["ci_low"]) <= float(dg["ci_high"]) <= 60.0 and dg["reading"] == ""
     if fedavg_level > 11:
@@ -438,6 +444,7 @@ def test_the_verdict_lists_only_leaks_whose_interval_clears_the_baseline():
     assert clears(err) and not clears(dict(err, ci_high="0.3"))
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_the_reference_method_is_data_and_assumptions_come_from_attacks_json(tmp_path):
     """The Δ columns compare with summary.json's "reference" (here feddg); folders that disagree get no Δ and a
     note. The "assumes" column reads attacks.json: the aux in the core's words, then the variant's own words."""
@@ -454,7 +461,7 @@ def test_the_reference_method_is_data_and_assumptions_come_from_attacks_json(tmp
         outputs={"": "reads the weights as received", "sharp": "a sharpness prior"})}))
     md = write_report([a], tmp_path / "out").read_text()
     with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
-        cell = {(r["method"], r["harm"]): r for r in csv.DictReader(f)}
+        cell = {(r["method"], r["harm"]): r for r in csv.DictReader(f) if not r["setting"]}
     avg, dg = cell[("fedavg", "accuracy")], cell[("feddg", "accuracy")]
     assert avg["reference"] == "feddg" and float(avg["diff_ref"]) == pytest.approx(-0.1) and dg["diff_ref"] == ""
     rec = cell[("fedavg", "reconstruction")]
@@ -514,3 +521,137 @@ def test_accuracy_table_carries_what_a_method_reports_itself():
     (st, (m, lo, hi, n)), = rows["m"]["extra"].values()
     assert n == 3 and abs(m - 0.7) < 1e-9 and lo < 0.7 < hi
     assert rows["n"]["extra"] == {}
+
+
+def _reid_folder(tmp_path, rates):
+    """Three methods, 2 targets x 3 seeds; per run a re-identification items file per channel: ``rates[method]`` =
+    {artifact: hit rate}; FedDG's bank is attacked by "pr", every method's weights by "ui"."""
+    from fdg_audit.metrics.stats import Items
+    ms = tuple((m, "", {}) for m in rates)
+    root = fabricate(tmp_path / "r", methods=ms, extra=False,
+                     acc=lambda m, v, t, s: 0.6 + 0.01 * s + (0.05 if m == "feddg" else 0.0))
+    rng = np.random.default_rng(11)
+    per_run = {}
+    for r in json.loads((root / "summary.json").read_text())["runs"]:
+        if r["status"] != "ok":
+            continue
+        for art, rate in rates[r["method"]].items():
+            hits = (rng.uniform(size=60) < rate).astype(float)
+            per_run.setdefault(r["run"], {})[art] = hits
+            a = "pr" if art == "amplitude_bank" else "ui"
+            RunFolder(root).save_items(a, r["run"], [dict(
+                run=r["run"], attack=a, adversary="server", artifact=art, round=0, victim="B", output="main",
+                metric="reid", status="ok", items=Items("mean", hits, ids=np.arange(60)),
+                base_items=Items("mean", np.full(60, 0.01), ids=np.arange(60)))])
+    return root, per_run
+
+
+def test_harms_compare_across_channels_with_holm_and_page_one_says_so(tmp_path):
+    """FedDG's bank (attacked by one attack) against FedAvg's weights (another): the scorecard's same-attack Δ has no
+    number, comparisons.csv does: FedDG − FedAvg over the strongest channel of each, paired by target and seed (the
+    mean of the per-run differences of each one's single candidate), Holm over the report's comparisons, the
+    channels named; page one (<= 25 lines) says it in a sentence and in the method x harm matrix."""
+    root, per_run = _reid_folder(tmp_path, {"fedavg": {"weights": 0.3}, "feddg": {"amplitude_bank": 0.9},
+                                            "csac": {"weights": 0.3}})
+    md = write_report([root], tmp_path / "out").read_text()
+    with open(tmp_path / "out" / "comparisons.csv", newline="") as f:
+        comps = {(r["a"], r["b"], r["harm"]): r for r in csv.DictReader(f)}
+    with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
+        card = {(r["method"], r["harm"]): r for r in csv.DictReader(f) if not r["setting"]}
+    assert card[("feddg", "reconstruction")]["diff_ref"] == ""        # different attacks: no same-attack Δ
+    c = comps[("feddg", "fedavg", "reconstruction")]                   # the reference second
+    assert (c["channel_a"], c["channel_b"], c["attack_a"], c["attack_b"]) == ("amplitude_bank", "weights", "pr", "ui")
+    key = lambda m, t, s: run_id(m, "", t, s)  # noqa: E731
+    d = [per_run[key("feddg", t, s)]["amplitude_bank"].mean() - per_run[key("fedavg", t, s)]["weights"].mean()
+         for t in "AB" for s in (0, 1, 2)]
+    assert float(c["diff"]) == pytest.approx(np.mean(d), abs=1e-4) and c["n"] == "6"
+    assert float(c["lo"]) < float(c["diff"]) < float(c["hi"]) and c["call"] == "distinguishable"
+    same = comps[("csac", "fedavg", "reconstruction")]                # same rate: not a firm "more"
+    assert same["call"] in ("not distinguishable", "borderline") and float(same["p_holm"]) >= 0.01
+    ps = [float(r["p_holm"]) for r in comps.values()]
+    assert len(ps) == 6 and max(ps) <= 1.0                             # 3 accuracy + 3 reconstruction pairs
+    lines = md.split("\n## Privacy scorecard")[0].splitlines()
+    assert len(lines) <= 25 and lines[2] == "## The answer"
+    sentence = next(x for x in lines if x.startswith("- Leakage between methods"))
+    assert "feddg − fedavg reconstruction (server; amplitude_bank vs weights)" in sentence
+    assert f"{float(c['diff']):+.3f} [{float(c['lo']):+.3f}, {float(c['hi']):+.3f}]" in sentence
+    row = next(r for r in md_table(md, "method", after="## The answer") if r["method"] == "feddg")
+    v = card[("feddg", "reconstruction")]
+    assert row["reconstruction"].startswith(f"{float(v['value']):.3f} vs {float(v['baseline']):.3f} LEAK via "
+                                            "amplitude_bank; Δ fedavg ")
+    assert "plots/tradeoff_digits.png" in "\n".join(lines)
+
+
+def test_the_scorecard_has_an_any_channel_cell_per_method_with_the_comparisons_delta(tmp_path):
+    """Issue 32: per family, harm, adversary and method, scorecard.csv repeats the main cell in setting "any channel",
+    naming the channel its strongest attack read (FedDG: the bank, chosen over its weights on held-out halves), with
+    the Δ to the reference of comparisons.csv (the same numbers: computed once, Holm over that family); the reference
+    itself has none; report.md's scorecard shows the row with its Δ."""
+    root, _ = _reid_folder(tmp_path, {"fedavg": {"weights": 0.3}, "feddg": {"amplitude_bank": 0.9, "weights": 0.2},
+                                      "csac": {"weights": 0.35}})
+    md = write_report([root], tmp_path / "out").read_text()
+    with open(tmp_path / "out" / "comparisons.csv", newline="") as f:
+        comps = {(r["a"], r["b"], r["harm"]): r for r in csv.DictReader(f)}
+    with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
+        card = list(csv.DictReader(f))
+    main = {(r["method"], r["harm"], r["adversary"]): r for r in card if r["harm"] != "accuracy" and not r["setting"]}
+    anyc = {(r["method"], r["harm"], r["adversary"]): r for r in card if r["setting"] == "any channel"}
+    assert set(anyc) == set(main) and len(anyc) == 3
+    for k, r in anyc.items():
+        assert (r["value"], r["artifact"], r["attack"]) == (main[k]["value"], main[k]["artifact"], main[k]["attack"])
+    dg = anyc[("feddg", "reconstruction", "server")]
+    assert (dg["artifact"], main[("feddg", "reconstruction", "server")]["diff_ref"]) == ("amplitude_bank", "")
+    for m in ("feddg", "csac"):
+        r, c = anyc[(m, "reconstruction", "server")], comps[(m, "fedavg", "reconstruction")]
+        assert (r["reference"], r["diff_call"], r["diff_n"]) == ("fedavg", c["call"], c["n"])
+        assert [float(r[k]) for k in ("diff_ref", "diff_ref_ci_low", "diff_ref_ci_high", "diff_p_holm")] == \
+            pytest.approx([float(c[k]) for k in ("diff", "lo", "hi", "p_holm")], abs=1e-5)
+    assert dg["diff_call"] == "distinguishable" and float(dg["diff_ref"]) > 0.4
+    ref = anyc[("fedavg", "reconstruction", "server")]
+    assert ref["diff_ref"] == ref["diff_call"] == ref["reference"] == ""
+    row = next(r for r in md_table(md, "method", after="## Privacy scorecard")
+               if (r["method"], r["harm"]) == ("feddg", "reconstruction [any channel]"))
+    assert row["Δ fedavg [95% CI]"].startswith(f"{float(dg['diff_ref']):+.3f} [") and "distinguishable)" in \
+        row["Δ fedavg [95% CI]"] and row["attack (artifact)"] == "pr (amplitude_bank)"
+
+
+def test_plots_pass_the_checklist(tmp_path):
+    """Fixed colours per method across datasets; at most 6 ROC curves, the strongest variant per method; grids at
+    most 1,600 px a side, paged; no trade-off figure for a family of one method; one legend entry per label."""
+    from PIL import Image
+
+    from fdg_audit.report import plots as P
+    from fdg_audit.report.tradeoff import tradeoff
+    res = T.Results(roots=[])
+    res.runs = [dict(run=f"{ds}/{m}", dataset=ds, method=m, variant="", status="ok") for ds in ("d1", "d2")
+                for m in (["a", "b", "c"] if ds == "d1" else ["c", "a"])]
+    col = P.colors(res)
+    assert col[("d1", "a", "")] == col[("d2", "a", "")] and col[("d1", "c", "")] == col[("d2", "c", "")]
+    assert len({col[("d1", m, "")] for m in "abc"}) == 3
+    rng = np.random.default_rng(0)
+    y = np.r_[np.ones(50), np.zeros(50)].astype(int)
+    pooled = {(("d", f"m{i}", ""), v): dict(scores=rng.normal(y * k, 1), labels=y, models={1})
+              for i in range(8) for k, v in ((0.2 * i, "weak"), (0.2 * i + 1, "strong"))}
+    curves = P._roc_curves(pooled)
+    assert len(curves) == 6 and all(v == "strong" for _, v, _, _ in curves)
+    from fdg_audit import metrics as M
+    auc = sorted(((M.auc(d["scores"], d["labels"]), g[1]) for (g, v), d in pooled.items() if v == "strong"),
+                 reverse=True)
+    assert [g[1] for g, _, _, _ in curves] == [m for _, m in auc[:6]]   # the 6 strongest methods, strongest first
+    # a reconstruction grid of 8 methods: pages, each at most 1,600 px a side
+    root = fabricate(tmp_path / "r", methods=tuple((f"m{i}", "", {}) for i in range(8)), seeds=(0,), extra=False)
+    rec = root / "recon" / "pr"
+    rec.mkdir(parents=True)
+    x = rng.uniform(0, 1, (8, 1, 8, 8)).astype(np.float32)
+    for i in range(8):
+        np.savez(rec / f"digits__m{i}__A__s0__B__main.npz", truth=x, recon=x, baseline=x)
+    one = T.load([root])
+    files = P.recon(one, tmp_path / "plots")
+    assert len(files) == 3 and files[0] == "recon_pr.png"
+    for f in files:
+        assert max(Image.open(tmp_path / "plots" / f).size) <= 1600
+    solo = [dict(dataset="digits", method="m0", variant="", harm=h, setting="", adversary="server", metric=m,
+                 value="0.5", ci_low="0.4", ci_high="0.6", baseline="0.1", reading="", control="passed",
+                 artifact="weights", n_runs="1") for h, m in (("accuracy", "target_acc"), ("membership", "auc"))]
+    solo_res = T.load([fabricate(tmp_path / "s", methods=(("m0", "", {}),), seeds=(0,), extra=False)])
+    assert tradeoff(solo_res, solo, tmp_path / "p2") == []          # one point claims no trade-off

@@ -123,7 +123,8 @@ def test_a_batch_job_says_one_line_per_run_and_per_attack(tmp_path):
     lines = (tmp_path / "err.txt").read_text().splitlines()
     assert p.returncode == 0, lines
     runs = [ln for ln in lines if re.match(r"\[\d/2\] ", ln)]
-    assert len(runs) == 2 and all(re.search(r": held-out acc 0\.\d{3} .* \d+\.\d s$", ln) for ln in runs), lines
+    assert len(runs) == 2 and all(re.search(r": held-out acc 0\.\d{3} .* \d+\.\d s; training \d/2 done, .* left$", ln)
+                                  for ln in runs), lines
     assert {ln.split()[1].rstrip(":") for ln in runs} == {"rotated/fedavg/rot0/s0", "rotated/feddg/rot0/s0"}
     assert [ln for ln in lines if ln.startswith("attack ")] == [next(ln for ln in lines if ln.startswith(
         "attack dataset_size: 2 runs"))]

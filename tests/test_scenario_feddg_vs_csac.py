@@ -41,7 +41,7 @@ def test_named_scenario_runs_small(tmp_path, capsys):
     # cell, FedAvg's and CSAC's from update inversion of weights, and the curve over client data size lists each
     # method's attacks at both sizes
     out = (root / "report.md").read_text()
-    assert [line for line in out.splitlines() if line.startswith("## ")][:2] == ["## Verdict", "## Privacy scorecard"]
+    assert [line for line in out.splitlines() if line.startswith("## ")][:2] == ["## The answer", "## Privacy scorecard"]
     import csv
     with open(root / "scorecard.csv", newline="") as f:
         card = list(csv.DictReader(f))

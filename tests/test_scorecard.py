@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from fdg_audit.metrics import stats as S
+from test_report import psnr_headline  # noqa: F401  (fixture: a dB reconstruction headline)
 
 
 @pytest.mark.parametrize("n_runs", [3, 5])
@@ -314,6 +315,7 @@ DESC = dict(name="x:Y", adversary="server", aux=["public"], consumes=["weights"]
             knows=["architecture", "local_hyperparams"], rows={})
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_a_cell_below_its_own_baseline_reads_so_and_has_no_delta(tmp_path):
     """The reference beats its baseline, this cell does not: "no reconstruction at this budget", no Δ, and the
     verdict does not list it as a leak."""
@@ -327,6 +329,7 @@ def test_a_cell_below_its_own_baseline_reads_so_and_has_no_delta(tmp_path):
     assert clears(avg) and not clears(dg)
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_psnr_headlines_and_every_interval_stay_within_0_and_the_cap(tmp_path):
     """Near-exact reconstructions spread around the 60 dB cap on one run (the bootstrap interval), and a failing
     attack near 0 dB: value, success share, median and baseline intervals all stay in range; the success share and
@@ -346,6 +349,7 @@ def test_psnr_headlines_and_every_interval_stay_within_0_and_the_cap(tmp_path):
     assert float(cell[("fedavg", "reconstruction", "")]["success_25dB"]) < 0.1
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_the_baseline_is_the_chosen_victims_own_on_the_same_half(tmp_path):
     """Victim C leaks (30 dB) against a dark baseline (5 dB); victim B does not (12 dB) against a bright one (20 dB).
     The baseline paired with C's value is C's own (about 5 dB), not the strongest baseline of any victim."""
@@ -356,6 +360,7 @@ def test_the_baseline_is_the_chosen_victims_own_on_the_same_half(tmp_path):
     assert 29 < float(r["value"]) < 31 and 4 < float(r["baseline"]) < 6
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_reconstruction_cells_state_prior_budget_and_capabilities_and_the_oracle_is_never_the_headline(tmp_path):
     """attacks.json declares each output's prior and budget: the oracle output (60 dB) is left out of the headline
     and labelled in the per-victim table; a layout output is the headline with its prior, budget and capabilities;
@@ -382,7 +387,13 @@ def test_reconstruction_cells_state_prior_budget_and_capabilities_and_the_oracle
     assert {r["output"] for r in SC.per_victim(T.load([root])) if r["oracle"]} == {"gen"}
     from fdg_audit.report import write_report
     md = write_report([root], tmp_path / "out").read_text()
-    assert "| gen (oracle: upper bound) |" in md and "prior layout; budget 400x2; knows architecture" in md
+    assert "| gen (oracle: upper bound) |" in md
+    from test_report import md_table
+    legend = {(r["attack"], r["variant"]): r for r in md_table(md, "attack", after="## Attacks and their threat")}
+    assert (legend[("pr", "frame")]["prior"], legend[("pr", "frame")]["budget"]) == ("layout", "400x2")
+    assert legend[("pr", "gen")]["prior"] == "oracle" and legend[("pr", "gen")]["budget"] == "50x4"
+    assert legend[("pr", "frame")]["knows"] == dg["capabilities"]     # stated once per attack, not on every row
+    assert "knows architecture" not in md.split("## Attacks and their threat")[0]
 
 
 def _auc_row(victim, n, shift, rng, output=""):
@@ -411,7 +422,7 @@ def test_a_small_membership_pool_is_not_resolvable_and_never_distinguishable(tmp
     assert dg["diff_ref"] != "" and dg["diff_call"] == "not resolvable" and dg["diff_p_holm"] == ""
     from fdg_audit.report import write_report
     md = write_report([root], tmp_path / "out").read_text()
-    verdict = md.split("## Verdict")[1].split("## Privacy scorecard")[0]
+    verdict = md.split("## Verdict")[1].split("\n## ")[0].split("\n- ", 1)[1]   # the methods' lines
     assert "membership (server): not resolvable" in verdict and "istinguishable from" not in verdict
 
 
@@ -551,28 +562,29 @@ def test_reconstruction_is_grouped_by_the_clients_data_size_with_intervals_in_ra
     for r in summary["runs"]:
         if r["status"] == "ok":
             for out, small in (("main", rng.choice([0.9, 1.0])), ("gen", 1.0)):
-                leak += [leak_row(r["run"], "pr", "weights", "B/0", 1, "success@25dB", small, 0.0, output=out),
-                         leak_row(r["run"], "pr", "weights", "B/1", 1, "success@25dB", 0.0, 0.0, output=out),
+                leak += [leak_row(r["run"], "pr", "weights", "B/0", 1, CV.HEADLINE, small, 0.0, output=out),
+                         leak_row(r["run"], "pr", "weights", "B/1", 1, CV.HEADLINE, 0.0, 0.0, output=out),
                          leak_row(r["run"], "pr", "weights", "B/1", 1, "psnr", 30.0 + 5 * rng.random(), 12.0,
                                   output=out),
-                         leak_row(r["run"], "pr", "weights", "B", 1, "success@25dB", 0.5, 0.0, output=out)]
+                         leak_row(r["run"], "pr", "weights", "B", 1, CV.HEADLINE, 0.5, 0.0, output=out)]
     write_csv(root / "leakage.csv", leak, LEAK_FIELDS)
     (root / "attacks.json").write_text(json.dumps({"pr": DESC}))
     res = T.load([root])
     rows = CV.by_size(res)
     pts = {(r["key"][1], r["output"], r["metric"], r["size"]): r for r in rows}
     assert {k[3] for k in pts} == {1, 64}                 # the whole-domain victim "B" has no size
-    small, big = pts[("fedavg", "main", "success@25dB", 1)], pts[("fedavg", "main", "success@25dB", 64)]
+    small, big = pts[("fedavg", "main", CV.HEADLINE, 1)], pts[("fedavg", "main", CV.HEADLINE, 64)]
     assert small["value"]["n"] == 6 and 0.9 <= small["value"]["mean"] <= 1.0   # 2 targets x 3 seeds
     assert 0.0 <= small["value"]["lo"] <= small["value"]["hi"] <= 1.0
     assert big["value"]["mean"] == 0.0 and small["budget"] == "400x2" and small["prior"] == "none"
-    assert pts[("fedavg", "gen", "success@25dB", 1)]["oracle"] and not small["oracle"]
+    assert pts[("fedavg", "gen", CV.HEADLINE, 1)]["oracle"] and not small["oracle"]
     p = pts[("feddg", "main", "psnr", 64)]
     assert 30 <= p["value"]["mean"] <= 35 and p["baseline"]["mean"] == 12.0 and p["value"]["hi"] <= 60.0
     md = "\n".join(CV.curve_md(res, rows, ["size_curve_digits.png"]))
     assert "| 1 images | 64 images |" in md and "oracle: upper bound" in md and "plots/size_curve_digits.png" in md
 
 
+@pytest.mark.usefixtures("psnr_headline")
 def test_an_artifact_outside_every_mechanism_gets_its_own_row_at_its_own_epsilon(tmp_path):
     """Client-level DP covers the weights (epsilon 8) but not FedDG's amplitude bank: the bank's reconstruction is
     a row of its own at epsilon inf, and the weights' row, which fails, stays at epsilon 8 instead of borrowing the
@@ -588,3 +600,115 @@ def test_an_artifact_outside_every_mechanism_gets_its_own_row_at_its_own_epsilon
     assert bank["epsilon"] == "inf" and float(bank["value"]) > 35 and bank["artifact"] == "amplitude_bank"
     assert weights["epsilon"] == "8" and weights["reading"] == "no reconstruction at this budget"
     assert weights["artifact"] == "weights" and cell[("fedavg", "reconstruction", "")]["epsilon"] == "8"
+
+
+def test_calls_are_firm_below_0_01_and_from_0_1_and_borderline_between():
+    """Holm-adjusted p below 0.01: distinguishable; in [0.01, 0.1): borderline (not a firm claim); from 0.1 on: not
+    distinguishable; below 3 runs: not testable whatever p is."""
+    assert [S.call(p, 5) for p in (0.0, 0.0099, 0.01, 0.065, 0.0999, 0.1, 0.5)] == \
+        ["distinguishable"] * 2 + ["borderline"] * 3 + ["not distinguishable"] * 2
+    assert S.call(0.001, 2) == "not testable" and S.call(float("nan"), 5) == "not testable"
+    comps = [dict(p=0.004, n=5), dict(p=0.02, n=5), dict(p=0.2, n=5)]   # Holm: 0.012, 0.04, 0.2
+    assert [c["call"] for c in S.holm_calls(comps)] == ["borderline", "borderline", "not distinguishable"]
+
+
+# ---------------------------------------------------------------- PSNR beside re-identification; Δ within range
+
+def _reid_runs(tmp_path, per_run):
+    """A hand-made folder whose every run saves ``per_run(run) -> ([items-file row], [leakage.csv row])`` for the
+    attack "ui" on the weights; returns (root, Results)."""
+    import json
+
+    from fdg_audit.report import tables as T
+    from fdg_audit.runfolder import RunFolder
+    from test_report import LEAK_FIELDS, fabricate, write_csv
+    root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: 0.5, extra=False)
+    leak = []
+    for r in json.loads((root / "summary.json").read_text())["runs"]:
+        if r["status"] == "ok":
+            items, rows = per_run(r)
+            RunFolder(root).save_items("ui", r["run"], [dict(run=r["run"], attack="ui", adversary="server",
+                                                             artifact="weights", round=0, status="ok", output="main")
+                                                        | x for x in items])
+            leak += rows
+    write_csv(root / "leakage.csv", leak, LEAK_FIELDS)
+    return root, T.load([root])
+
+
+def _mean(metric, victim, x, b):
+    ids = np.arange(len(x))
+    return dict(victim=victim, metric=metric, items=S.Items("mean", np.asarray(x, float), ids=ids),
+                base_items=S.Items("mean", np.asarray(b, float), ids=ids))
+
+
+def test_a_reid_cell_shows_the_same_attacks_psnr_success_shares_and_cpu_beside_it(tmp_path):
+    """Victim B is re-identified (90%) at about 24 dB, victim C (5%) at 12 dB; B is chosen on held-out halves. The
+    cell's PSNR companions are B's own on the held-out images of every run (aligned PSNR and its baseline, shares at
+    >= 20 / >= 25 dB), its CPU seconds B's cost row (mean over runs, C's differ), and "also" says them."""
+    from test_report import leak_row, md_table
+
+    from fdg_audit.report import scorecard as SC
+    from fdg_audit.report.verdict import side
+    rng = np.random.default_rng(5)
+    truth = {}
+
+    def per_run(r):
+        items, rows = [], []
+        for v, rate, level, cpu in (("B", 0.9, 24.0, 3.0 + r["seed"]), ("C", 0.05, 12.0, 50.0)):
+            x, b = rng.normal(level, 3, 40), rng.normal(11, 1, 40)
+            truth[(r["run"], v)] = x, b
+            items += [_mean("reid", v, rng.uniform(size=40) < rate, np.full(40, 0.01)), _mean("psnr", v, x, b),
+                      _mean("success@20dB", v, x >= 20, b >= 20), _mean("success@25dB", v, x >= 25, b >= 25)]
+            rows.append(leak_row(r["run"], "ui", "weights", v, 0, "cpu_seconds", cpu, float("nan")))
+        return items, rows
+    root, res = _reid_runs(tmp_path, per_run)
+    card = SC.scorecard(res)
+    md = __import__("fdg_audit.report", fromlist=["write_report"]).write_report([root], tmp_path / "out").read_text()
+    g = ("digits", "feddg", "")
+    sel = SC.selections(res)[(g, "reconstruction", "server", "")]
+    assert {s["chosen"]["victim"] for s in sel.values()} == {"B"} and len(sel) == 6
+    held = {run: s["items"].ids for run, s in sel.items()}
+    want = lambda f: np.mean([f(*truth[(run, "B")], ids) for run, ids in held.items()])  # noqa: E731
+    row = next(r for r in card if r["method"] == "feddg" and r["harm"] == "reconstruction" and not r["setting"])
+    assert float(row["psnr"]) == pytest.approx(want(lambda x, b, i: x[i].mean()), rel=1e-4)
+    assert float(row["baseline_psnr"]) == pytest.approx(want(lambda x, b, i: b[i].mean()), rel=1e-4)
+    assert float(row["success_20dB"]) == pytest.approx(want(lambda x, b, i: (x[i] >= 20).mean()), rel=1e-4)
+    assert float(row["success_25dB"]) == pytest.approx(want(lambda x, b, i: (x[i] >= 25).mean()), rel=1e-4)
+    assert float(row["psnr_ci_low"]) < float(row["psnr"]) < float(row["psnr_ci_high"]) <= 60
+    assert float(row["cpu_seconds"]) == pytest.approx(4.0)            # B's 3, 4 and 5 s over seeds, never C's 50
+    also = side(row)
+    assert also.startswith(f"aligned PSNR {float(row['psnr']):.1f} [") and \
+        f"(baseline {float(row['baseline_psnr']):.1f} dB)" in also
+    assert f">= 20 dB: {float(row['success_20dB']):.2f} [" in also and ">= 25 dB: " in also
+    assert also.endswith("4 CPU s per victim")
+    shown = next(r for r in md_table(md, "method", after="## Privacy scorecard")
+                 if (r["method"], r["harm"]) == ("feddg", "reconstruction"))
+    assert shown["also"] == also.replace(">=", "\\>=")
+
+
+def test_delta_intervals_stay_within_the_range_of_a_difference(tmp_path):
+    """Re-identification rates of 0 or 1 per run, in opposite runs for the two methods (the same attack, both beyond
+    the baseline): the Student-t interval of the paired Δ reaches beyond ±1, which no difference of two rates can;
+    the scorecard (same-attack and any-channel rows) and comparisons.csv cut it to [-1, 1]."""
+    import csv
+
+    from fdg_audit.report import scorecard as SC
+    from fdg_audit.report import write_report
+    up = lambda r: (r["seed"] + (r["target"] == "A")) % 2 == (r["method"] == "feddg")  # noqa: E731
+    root, res = _reid_runs(tmp_path, lambda r: ([_mean("reid", "B", np.full(40, float(up(r))), np.full(40, 0.01))],
+                                                []))
+    runs = sorted((r["target"], r["seed"]) for r in res.ok if r["method"] == "feddg")
+    d = [1.0 if up(dict(target=t, seed=s, method="feddg")) else -1.0 for t, s in runs]
+    raw = S.compare(d, strata=[t for t, _ in runs])
+    assert raw["lo"] < -1 and raw["hi"] > 1                            # what an uncut interval says
+    write_report([root], tmp_path / "out")
+    with open(tmp_path / "out" / "scorecard.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["harm"] == "reconstruction" and r["method"] == "feddg"]
+    with open(tmp_path / "out" / "comparisons.csv", newline="") as f:
+        (c,) = [r for r in csv.DictReader(f) if r["harm"] == "reconstruction"]
+    assert {r["setting"] for r in rows} == {"", "any channel"}
+    for lo, hi, v in [(r["diff_ref_ci_low"], r["diff_ref_ci_high"], r["diff_ref"]) for r in rows] + \
+            [(c["lo"], c["hi"], c["diff"])]:
+        assert float(lo) == -1.0 and float(hi) == 1.0 and float(v) == pytest.approx(raw["mean"], abs=1e-9)
+    assert SC.cut_diff(dict(lo=-3.0, hi=0.5), "auc") == dict(lo=-1.0, hi=0.5)
+    assert SC.cut_diff(dict(lo=-99.0, hi=99.0), "psnr") == dict(lo=-60.0, hi=60.0)

@@ -186,8 +186,9 @@ def _recompute_probe():
             import torch
 
             from fdg_audit.data import DataConfig, load_data
+            seed = int(view.run_id.rsplit("/s", 1)[1])   # the run's seed draws its split from the split seed
             data = load_data(DataConfig(dataset="digits", family="rotated", per_domain=40,
-                                        domains=["rot0", "rot15", "rot30", "rot45"]))
+                                        domains=["rot0", "rot15", "rot30", "rot45"], draw=seed))
             out = []
             for v, cand in aux.candidates.items():
                 train = data.domain(v).train.x.flatten(1)

@@ -103,6 +103,9 @@ class Reconstruction:
     flat_baseline: bool = False   # instead: the scorer's flat image at each true image's channel means (what an
     #                               un-noised DC term gives; so a noised artifact's baseline is its un-noised content's)
     labels: Any = None            # predicted class per image, scored as label_acc (after matching)
+    cpu_seconds: float = float("nan")   # process CPU seconds the attack spent on this output (time.process_time)
+    iterations: int = 0           # optimisation steps actually run (per restart; fewer than the cap at a plateau)
+    plateau: str = ""             # the stopping rule that ended the optimisation, in words ("" = fixed budget)
 
 
 @dataclass
@@ -354,6 +357,25 @@ class AdversaryView:
 
     def model(self, arrays: dict) -> torch.nn.Module:
         return load_arrays(self.new_model(), arrays).eval()
+
+    def cached(self, key: str) -> dict[str, np.ndarray] | None:
+        """The arrays an earlier job of this attack kept under ``key`` (``keep``), read-only; None if none yet
+        (e.g. a learned prior trained once per data set, seed and aux, reused by later runs' jobs)."""
+        import os
+        path = os.path.join(getattr(self, "cache_dir", "") or "", f"{key}.npz")
+        if not getattr(self, "cache_dir", "") or "/" in key or key.startswith(".") or not os.path.isfile(path):
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+
+    def keep(self, key: str, arrays: dict) -> None:
+        """Queue plain float or integer arrays to be kept under ``key`` for later jobs of this attack (``cached``).
+        The harness checks them when the job ends (key of A-Z a-z 0-9 _ . -, at most 100 characters; numeric arrays;
+        a size cap; a bad one fails the job) and stores them on the attacker's side of the run folder."""
+        if "_kept" not in self.__dict__:
+            self._kept = {}
+        self._kept[key] = {k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+                           for k, v in dict(arrays).items()}
 
 
 @dataclass

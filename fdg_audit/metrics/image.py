@@ -1,4 +1,4 @@
-"""Reconstruction metrics (attacks.md §1). Torch in, torch out, on the inputs' device.
+"""Reconstruction metrics (docs/attacks.md §1). Torch in, torch out, on the inputs' device.
 
 Images are (B, C, H, W) in [0, 1]; every per-image metric returns a tensor of shape (B,).
 Nothing here loops over images or shifts in Python.
@@ -73,6 +73,39 @@ def aligned_psnr(x, y, data_range=1.0, return_aligned=False):
     return (p, xa) if return_aligned else p
 
 
+def aligned_mse(x, y, chunk=4096):
+    """Pairwise MSE after the best circular shift and point inversion of each x onto each y, shape (len(x), len(y)).
+
+    The same alignment rule as `aligned` (max correlation == min MSE), for every pair at once from one FFT of each
+    set: MSE = mean(x²) + mean(y²) - 2·max_corr/(C·H·W), clamped at 0 against rounding. Pairs are processed
+    ``chunk`` at a time so the (pairs, H, W) correlation maps stay small."""
+    n = x[0].numel()
+    X, Y = torch.fft.fft2(x), torch.fft.fft2(y)
+    sx, sy = x.pow(2).flatten(1).sum(1), y.pow(2).flatten(1).sum(1)
+    i, j = torch.meshgrid(torch.arange(len(x), device=x.device), torch.arange(len(y), device=x.device), indexing="ij")
+    i, j = i.flatten(), j.flatten()
+    best = torch.empty(len(i), device=x.device, dtype=x.dtype)
+    for a in range(0, len(i), chunk):
+        Xi, Yj = X[i[a:a + chunk]], Y[j[a:a + chunk]]
+        plain = torch.fft.ifft2(Yj * Xi.conj()).real.sum(1).flatten(1).amax(1)
+        inv = torch.fft.ifft2(Yj * Xi).real.sum(1).flatten(1).amax(1)
+        best[a:a + chunk] = torch.maximum(plain, inv)
+    return ((sx[i] + sy[j] - 2 * best) / n).clamp_min(0).view(len(x), len(y))
+
+
+def reidentified(rec, truth, distractors, aligned_match=True):
+    """Re-identification hits, shape (B,) bool: reconstruction ``rec[b]`` is nearer (MSE, after alignment unless
+    ``aligned_match`` is False) to its true image ``truth[b]`` than to every one of its ``distractors[b]``
+    (B, D, C, H, W): does the reconstruction pick the victim's image out of a candidate set? A tie is a miss, so an
+    image equally far from every candidate (e.g. blank) never scores; chance is 1/(1 + D)."""
+    B, D = distractors.shape[:2]
+    cand = torch.cat([truth[:, None], distractors], 1)                        # (B, 1 + D, C, H, W)
+    r = rec[:, None].expand_as(cand).reshape(B * (D + 1), *rec.shape[1:])
+    c = cand.reshape(B * (D + 1), *rec.shape[1:])
+    d = (mse(aligned(r, c), c) if aligned_match else mse(r, c)).view(B, D + 1)
+    return d[:, 0] < d[:, 1:].amin(1) if D else torch.ones(B, dtype=torch.bool, device=rec.device)
+
+
 def ssim(x, y, data_range=1.0, win_size=11, sigma=1.5, k1=0.01, k2=0.03):
     """Gaussian-window SSIM (Wang et al. 2004) per image, shape (B,): ``pytorch_msssim.ssim``.
 
@@ -120,5 +153,5 @@ def label_count_accuracy(pred_counts, true_counts):
 
 __all__ = [
     "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate",
-    "match_batch", "matched_psnr", "label_count_accuracy",
+    "match_batch", "matched_psnr", "label_count_accuracy", "aligned_mse", "reidentified",
 ]

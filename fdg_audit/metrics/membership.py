@@ -1,4 +1,4 @@
-"""Membership / attribute inference metrics (attacks.md §1). NumPy in, NumPy or float out.
+"""Membership / attribute inference metrics (docs/attacks.md §1). NumPy in, NumPy or float out.
 
 Convention: `scores` higher = more likely member; `labels` 1 = member, 0 = non-member.
 To pool several target models, concatenate their scores and labels before calling.
@@ -112,6 +112,88 @@ def calibrate(scores, models):
     return out
 
 
+def auc_ci(scores, labels, level=0.95):
+    """(AUC, low, high): the empirical AUC with DeLong's interval (DeLong et al. 1988, by midranks as in Sun & Xu
+    2014): Var = Var(V10)/n1 + Var(V01)/n0 over the members' and non-members' placement values (the share of the
+    other class each one outranks, ties counted half); the interval is cut to [0, 1]. It degenerates to a point at
+    AUC 0 or 1 and is anti-conservative for a handful of items (n1 or n0 below ~20)."""
+    from scipy.stats import norm, rankdata
+    s, y = _check(scores, labels)
+    pos, neg = s[y == 1], s[y == 0]
+    n1, n0 = len(pos), len(neg)
+    both = rankdata(np.r_[pos, neg])
+    v10 = (both[:n1] - rankdata(pos)) / n0          # per member: share of non-members below it
+    v01 = 1 - (both[n1:] - rankdata(neg)) / n1      # per non-member: share of members above it
+    a = float(v10.mean())
+    se = np.sqrt((v10.var(ddof=1) if n1 > 1 else 0.0) / n1 + (v01.var(ddof=1) if n0 > 1 else 0.0) / n0)
+    z = norm.ppf(0.5 + level / 2)
+    return a, float(max(0.0, a - z * se)), float(min(1.0, a + z * se))
+
+
+def victim_spread(per_victim: dict, baseline=0.5, level=0.95) -> dict:
+    """How a membership attack spreads over victims: ``per_victim`` {victim: (scores, labels)} of one target model
+    each; ``baseline`` a number or {victim: number} (e.g. max(0.5, blind AUC)). Returns ``victims`` {victim: (auc,
+    low, high)} (``auc_ci``), their ``median``, ``min`` and ``max`` AUC, and ``share_clear``: the share of victims
+    whose own interval lies wholly above their baseline."""
+    ci = {v: auc_ci(s, y, level) for v, (s, y) in per_victim.items()}
+    if not ci:
+        raise ValueError("victim_spread needs at least one victim")
+    base = baseline if isinstance(baseline, dict) else {v: baseline for v in ci}
+    a = np.array([c[0] for c in ci.values()])
+    return dict(victims=ci, median=float(np.median(a)), min=float(a.min()), max=float(a.max()),
+                share_clear=float(np.mean([c[1] > base[v] for v, c in ci.items()])))
+
+
+def blind_features(x, y, n_classes=None) -> np.ndarray:
+    """What a model-free classifier sees of a candidate: its raw pixels, flattened, and its one-hot class label."""
+    x = np.asarray(x, np.float32).reshape(len(x), -1)
+    y = np.asarray(y).astype(int).ravel()
+    k = max(int(n_classes or 0), int(y.max()) + 1)
+    return np.hstack([x, np.eye(k, dtype=np.float32)[y]])
+
+
+BLIND_CLASSIFIERS = ("logistic", "knn")
+
+
+def blind_scores(x, y, is_member, seed=0, folds=5, n_classes=None) -> dict:
+    """Out-of-fold member scores of each model-free classifier of member vs non-member on the candidates alone
+    (``blind_features``; no model): {name: scores}. ``logistic``: L2 logistic regression (C = 0.01) on
+    standardised features; ``knn``: share of members among the 15 nearest candidates in Euclidean distance on the
+    raw features. Stratified ``folds``-fold cross-validation (fewer folds when a class has fewer candidates): each
+    candidate is scored by classifiers that never saw it."""
+    import warnings
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    f = blind_features(x, y, n_classes)
+    _, m = _check(np.zeros(len(f)), is_member)
+    k = min(folds, int(m.sum()), int((1 - m).sum()))
+    if k < 2:
+        raise ValueError("blind_scores needs at least 2 members and 2 non-members")
+    out = {name: np.zeros(len(f)) for name in BLIND_CLASSIFIERS}
+    for tr, te in StratifiedKFold(k, shuffle=True, random_state=seed).split(f, m):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            lr = make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=300)).fit(f[tr], m[tr])
+        out["logistic"][te] = lr.predict_proba(f[te])[:, 1]
+        out["knn"][te] = KNeighborsClassifier(min(15, len(tr))).fit(f[tr], m[tr]).predict_proba(f[te])[:, 1]
+    return out
+
+
+def blind_auc(x, y, is_member, seed=0, folds=5, n_classes=None) -> float:
+    """The blind baseline of a membership pool: the best out-of-fold AUC of the model-free classifiers of
+    ``blind_scores`` (candidates' images and labels only, no access to any model). Near 0.5 when members and
+    non-members are exchangeable; above it when they differ in anything but membership (class balance, domain,
+    preprocessing), which an attack would then read without leaking anything. Taking the larger of the two
+    AUCs is optimistic (at chance by at most about 0.56 of the AUC's standard error, the expected maximum of two
+    independent ones): the baseline errs high, so a cell judged against it errs towards "no leak"."""
+    _, m = _check(np.zeros(len(np.asarray(is_member).ravel())), is_member)
+    return max(auc(s, m) for s in blind_scores(x, y, m, seed, folds, n_classes).values())
+
+
 def balanced_accuracy(pred, true, n_classes=None):
     """Mean per-class recall over the classes present in `true` (sklearn's ``balanced_accuracy_score``).
 
@@ -143,6 +225,6 @@ def relative_error(est, true):
 
 __all__ = [
     "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "MIN_POOL", "hanley_mcneil_se",
-    "min_detectable_auc", "calibrate",
+    "min_detectable_auc", "calibrate", "auc_ci", "victim_spread", "blind_features", "blind_scores", "blind_auc",
     "existence_f1", "relative_error",
 ]

@@ -32,17 +32,37 @@ class Metric:
 
 INF = math.inf
 _ROWS = [  # name, unit, higher, lo, hi, harm, label, text, card, per_victim
+    ("reid", "fraction", True, 0.0, 1.0, "reconstruction", "re-identified",
+     "fraction of reconstructions that pick their true image out of it and 99 same-domain images the victim did not "
+     "hold (nearest neighbour, aligned; chance 1/100)", True, False),
     ("psnr", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "recon PSNR dB",
-     "mean PSNR of the reconstructions against the true images", True, False),
+     "mean PSNR of the aligned reconstructions against the true images", False, False),
+    ("psnr_plain", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "plain PSNR dB",
+     "mean PSNR of the reconstructions as returned (no alignment)", False, False),
     ("psnr_max", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "best PSNR dB", "best single-image PSNR", False,
      False),
     ("ssim", "", True, -1.0, 1.0, "reconstruction", "SSIM", "mean SSIM (Gaussian window 11x11, sigma 1.5)", False,
      False),
+    ("success@20dB", "fraction", True, 0.0, 1.0, "reconstruction", "PSNR >= 20 dB",
+     "fraction of images reconstructed at aligned PSNR >= 20 dB", False, False),
     ("success@25dB", "fraction", True, 0.0, 1.0, "reconstruction", "PSNR >= 25 dB",
-     "fraction of images reconstructed at PSNR >= 25 dB", False, False),
+     "fraction of images reconstructed at aligned PSNR >= 25 dB", False, False),
+    ("cpu_seconds", "s", True, 0.0, INF, "none", "CPU s", "process CPU seconds the attack spent on the output "
+     "(its cost, not a leak)", False, False),
+    ("iterations", "", True, 0.0, INF, "none", "iterations", "optimisation steps run before the plateau rule or "
+     "the cap stopped it (not a leak)", False, False),
     ("label_acc", "fraction", True, 0.0, 1.0, "class", "label acc",
      "accuracy of the labels inferred with the reconstructions", True, False),
     ("auc", "", True, 0.0, 1.0, "membership", "membership AUC", "membership ROC AUC", True, False),
+    ("auc_ci_low", "", True, 0.0, 1.0, "none", "AUC 95% CI low",
+     "low end of the membership AUC's 95% DeLong interval (per victim: it clears the cell's baseline or not)", False,
+     False),
+    ("auc_ci_high", "", True, 0.0, 1.0, "none", "AUC 95% CI high",
+     "high end of the membership AUC's 95% DeLong interval", False, False),
+    ("blind_auc", "", True, 0.0, 1.0, "none", "blind AUC",
+     "best cross-validated AUC of a model-free classifier of member vs non-member on the candidates' images and "
+     "labels alone (no model; not a measurement of the attack): a membership cell's baseline is max(0.5, it)",
+     False, False),
     ("tpr@0.01fpr", "fraction", True, 0.0, 1.0, "membership", "TPR@1%FPR", "membership TPR at 1% FPR", False, False),
     ("tpr@0.001fpr", "fraction", True, 0.0, 1.0, "membership", "TPR@0.1%FPR", "membership TPR at 0.1% FPR", False,
      False),

@@ -18,9 +18,12 @@ strata (Welch-Satterthwaite degrees of freedom), so a hard and an easy target do
 across-run interval: its interval is the item bootstrap (percentiles of 2000 replicates), labelled as such by the
 caller, and a difference on fewer than ``MIN_RUNS`` runs is "not testable".
 
-Calls (``compare``, ``holm``): a difference is "distinguishable" when its two-sided t-test p-value, Holm-adjusted
-over the family of comparisons a report makes (``holm``), is below 1 - level; ``signflip_p`` is the exact
-sign-flip test of the same differences, printed beside it.
+Calls (``compare``, ``holm``; ``call``): on the two-sided t-test p-value, Holm-adjusted over the family of
+comparisons a report makes (``holm``), a difference is "distinguishable" below ``FIRM`` (0.01), "borderline" from
+``FIRM`` up to ``LOOSE`` (0.1), and "not distinguishable" from ``LOOSE`` on. Only the first and the last are firm
+claims: a fresh clone on another machine moved adjusted p-values of 0.03 to 0.065 (issue 32), so a call between 0.01
+and 0.1 can flip under any perturbation, and bench/replicate.py checks that the firm ones hold. ``signflip_p`` is the
+exact sign-flip test of the same differences, printed beside it.
 
 Held-out selection (``heldout``): several candidates (victim x round x attack x output) measure the same harm in
 one run; the maximum over them is biased upwards. Each item is assigned to half A or B by a hash of its id (the
@@ -37,6 +40,8 @@ import numpy as np
 LEVEL = 0.95
 N_BOOT = 2000
 MIN_RUNS = 3      # below this many paired runs a difference is "not testable"
+FIRM, LOOSE = 0.01, 0.1   # Holm-adjusted p below FIRM: distinguishable; in [FIRM, LOOSE): borderline (module doc)
+FIRM_CALLS = ("distinguishable", "not distinguishable")
 
 
 @dataclass
@@ -185,19 +190,21 @@ def compare(diffs, conf: float = LEVEL, strata=None) -> dict:
     and the unadjusted call ("not testable" below MIN_RUNS runs). Adjust a family's calls with ``holm_calls``."""
     m, lo, hi, n = t_interval(diffs, conf, strata)
     p = t_test_p(diffs, strata) if n >= MIN_RUNS else float("nan")
-    return dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), call=_call(p, n, conf))
+    return dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), call=call(p, n))
 
 
-def _call(p: float, n: int, conf: float = LEVEL) -> str:
+def call(p: float, n: int) -> str:
+    """The call on an adjusted p-value of n paired runs (module doc): "not testable" below MIN_RUNS runs or
+    without a p-value, "distinguishable" below FIRM, "borderline" below LOOSE, else "not distinguishable"."""
     if n < MIN_RUNS or not np.isfinite(p):
         return "not testable"
-    return "distinguishable" if p < 1 - conf else "not distinguishable"
+    return "distinguishable" if p < FIRM else "borderline" if p < LOOSE else "not distinguishable"
 
 
 def holm_calls(comparisons: list[dict], conf: float = LEVEL) -> list[dict]:
     """The comparisons with ``p_holm`` (Holm over the testable ones) and their calls made on it."""
     adj = holm([c["p"] for c in comparisons])
-    return [c | dict(p_holm=a, call=_call(a, c["n"], conf)) for c, a in zip(comparisons, adj)]
+    return [c | dict(p_holm=a, call=call(a, c["n"])) for c, a in zip(comparisons, adj)]
 
 
 def estimate(runs: list[Items], seed: int = 0) -> tuple[float, float, float]:

@@ -1,4 +1,4 @@
-"""The Gaussian mechanism on shared artifacts, as a bus filter at the sender (attacks.md §4.2, Audit-B).
+"""The Gaussian mechanism on shared artifacts, as a bus filter at the sender (docs/attacks.md §4.2, row D3).
 
 For a kind named in ``[privacy.artifacts]`` (amplitude_bank, style_bank, prototypes, ...) every payload a *client*
 sends is privatized before it is encoded: the float arrays are read as rows (dim 0, one row per image for a bank),

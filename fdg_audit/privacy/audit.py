@@ -1,4 +1,4 @@
-"""Empirical epsilon lower bounds from canary scores (attacks.md §4): what the scorer does with an ``Audit``.
+"""Empirical epsilon lower bounds from canary scores (docs/attacks.md §4): what the scorer does with an ``Audit``.
 
 Inputs: one score per canary slot (higher = "inserted"), the truth ``member`` flags (each canary inserted
 independently with probability 1/2) and the mechanism's delta. The bounds, each with confidence 95 %:

@@ -1,4 +1,4 @@
-"""Canaries for DP audits (attacks.md §4.2): m slots appended to an audited client's training split.
+"""Canaries for DP audits (docs/attacks.md §4.2): m slots appended to an audited client's training split.
 
 Canary j is a public image built from the public ``[privacy.audit] seed``: a full-contrast grating
 0.5 + 0.5 cos(2 pi (u r + v c) / S + phi_j) (same in every channel) at its own spatial frequency (u, v), drawn

@@ -1,4 +1,4 @@
-"""Sample-level DP-SGD inside ``Client.fit`` with Opacus (attacks.md §5.7).
+"""Sample-level DP-SGD inside ``Client.fit`` with Opacus (docs/attacks.md §4.3).
 
 Per client, for the whole run: one ``opacus.PrivacyEngine`` (so one accountant whose history is never reset; a
 new engine per round is the classic silent bug, Opacus PR #254 / issue #688). Per call of ``fit``:

@@ -18,13 +18,18 @@ from pathlib import Path
 from ..ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
 from ..runfolder import victim_tag
+from . import compare as CMP
 from . import curves as CV
 from . import plots as P
 from . import scorecard as SC
 from . import tables as T
 from .dp import dp_section
-from .formatting import ci, fmt, fmt_metric, md_table, num, slug, text_table
+from .html import write_html
+from .pageone import page_one_md, page_one_text
+from .formatting import ci, clean, fmt, fmt_metric, md_table, md_text, num, slug, text_table
 from .traffic import bytes_lines, bytes_md, bytes_table
+from .threat import legend_md
+from .tradeoff import tradeoff
 from .verdict import clears, differences_md, side, verdict_md
 
 __all__ = ["write_report", "headline", "clears"]
@@ -39,7 +44,7 @@ def headline(root) -> str:
     harms = [h for h in ("accuracy",) + HARMS if any(r["harm"] == h for r in card)]
     rows = []
     for g in res.groups():
-        mine = [r for r in card if (r["dataset"], r["method"], r["variant"]) == g]
+        mine = [r for r in card if (r["dataset"], r["method"], r["variant"]) == g and r["setting"] != SC.ANY_CHANNEL]
         cells = []
         for h in harms:
             rs = [r for r in mine if r["harm"] == h]
@@ -63,15 +68,21 @@ def headline(root) -> str:
     if by:
         out += ["", "bytes on the bus by artifact kind (↑ client→server, ↓ server→client), mean per run:"]
         out += bytes_lines(res, by)
+    figs = sorted(p.name for p in (Path(root) / "plots").glob("tradeoff_*.png"))
+    out.append(page_one_text(res, card, CMP.between(res, card), CV.by_size(res), by, figs))
     return "\n".join(out)
 
 
 def _short(r: dict) -> str:
-    """One leakage cell in the terminal: adversary (and setting), value vs baseline, the reading; a dB cell's share at
-    >= 25 dB and median, a membership cell's pool."""
+    """One leakage cell in the terminal: adversary (and setting), value vs baseline, the reading; a re-identification
+    cell's aligned PSNR (vs its baseline) and share at >= 20 dB, a dB cell's share at >= 25 dB and median, a
+    membership cell's pool."""
     out = f"{r['adversary'][:6]}" + (f" [{r['setting']}]" if r.get("setting") else "") + \
         f": {ci(r)} vs {ci(r, 'baseline')}" + (f" ({r['reading'].split(':')[0]})" if r.get("reading") else "")
-    if r.get("success_25dB"):
+    if r.get("psnr"):    # a re-identification cell: the same attack's aligned PSNR beside it
+        out += (f"\n  PSNR {num(r['psnr']):.1f} vs {num(r['baseline_psnr']):.1f} dB, >=20 dB "
+                f"{num(r['success_20dB']):.2f}")
+    elif r.get("success_25dB") and r.get("median"):
         out += f"\n  >=25 dB {num(r['success_25dB']):.2f}, median {num(r['median']):.1f} dB"
     if r.get("pool_members") not in ("", None):
         out += f"\n  pool {r['pool_members']}/{r['pool_nonmembers']}"
@@ -95,9 +106,9 @@ def _accuracy_md(res, acc, files) -> list[str]:
           "whose selected round is before the last 10% of their rounds (a late selected round means still "
           "improving: NOT CONVERGED). Chance is 1/classes.", ""]
     if ref:
-        md += [f"Reference: {res.published.get('source', '')}", ""]
+        md += [md_text(f"Reference: {res.published.get('source', '')}"), ""]
     if T.adaptation_note(res):
-        md += [T.adaptation_note(res) + ".", ""]
+        md += [md_text(T.adaptation_note(res) + "."), ""]
     for ds in dict.fromkeys(r["dataset"] for r in acc):
         rows = [r for r in acc if r["dataset"] == ds]
         targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
@@ -112,7 +123,7 @@ def _accuracy_md(res, acc, files) -> list[str]:
                    f"({r['ci'][3]})", len(r["seeds"]),
                    f"{r['converged']}/{r['runs']}" + ("" if r["converged"] == r["runs"] else " NOT CONVERGED")]
                 + ([f"{ref[r['method']]:.4g}" if r["method"] in ref else "—"] if ref else []) for r in rows]
-        md += [f"### {ds}", "", md_table(head, body), ""]
+        md += [f"### {md_text(ds, 120)}", "", md_table(head, body), ""]
         extra = [(r, k, v) for r in rows for k, v in r["extra"].items()]
         if extra:   # what a method measures itself (e.g. personalised models on their clients' validation splits)
             md += ["Reported by the method itself at the selected round (the server's extra_metrics: e.g. "
@@ -139,9 +150,10 @@ def _leakage_md(res, leak, controls) -> list[str]:
           "the victim; the scorecard's domain baseline is the victim's own domain, which its client name gives). A "
           "failed positive control makes the numbers \"not measurable\".", ""]
     outputs = any(r["output"] not in ("", "main") for r in leak)
+    terms = any(r["top"].get("alignment") for r in leak)   # how a reconstruction row was scored (leakage.csv)
     head = ["method", "attack", "adversary", "artifact"] + (["output"] if outputs else []) + \
         ["metric", "strongest (mean ± std over runs)", "baseline", "Δ vs baseline", "strongest run (target/seed, "
-         "victim, round)", "status", "runs"]
+         "victim, round)", "status", "runs"] + (["alignment; baseline; plateau; distractors"] if terms else [])
     body = []
     order = {g: i for i, g in enumerate(res.groups())}
     for r in sorted(leak, key=lambda r: order.get(r["key"], 0)):
@@ -155,20 +167,23 @@ def _leakage_md(res, leak, controls) -> list[str]:
                     + [r["metric"], fmt_metric(r["metric"], r["value"]) if r["value"]["n"] else
                        "n/a (not resolvable)" if r["metric"].startswith("tpr@") else "—",
                        fmt(r["baseline"], 1 if unit else 3), "—" if math.isnan(d) else f"{d:+.{1 if unit else 3}f}",
-                       where, r["status"], r["runs"]])
+                       where, r["status"], r["runs"]]
+                    + (["; ".join(str(r["top"].get(k) or "—") for k in ("alignment", "baseline_kind", "plateau",
+                                                                          "n_distractors"))] if terms else []))
     md += [md_table(head, body), ""]
     if res.attack_notes:
         count = {}
         for n in res.attack_notes:
             k = (n["attack"], n.get("status", ""))
             count[k] = count.get(k, 0) + 1
-        md += ["Attack outputs without a number:", ""] + [f"- {a}: {st} ({c}×)" for (a, st), c in count.items()] + [""]
+        md += ["Attack outputs without a number:", ""] + [f"- {md_text(a, 200)}: {md_text(st)} ({c}×)"
+                                                         for (a, st), c in count.items()] + [""]
     if controls:
         md += ["### Controls", "", "Positive controls must reach the threshold; negative controls must stay at or "
                "below it (chance).", "",
                md_table(["attack", "control", "kind", "metric", "value", "threshold", "passed"],
                         [[c["attack"], c["name"], "positive" if c.get("positive", True) else "negative", c["metric"],
-                          f"{c['value']:.3g}", f"{c['threshold']:.3g}", "yes" if c["passed"] else "**no**"]
+                          f"{c['value']:.3g}", f"{c['threshold']:.3g}", "yes" if c["passed"] else "NO"]
                          for c in controls]), ""]
     md += ["### Metrics", ""] + [f"- `{m}`: {info(m).text}" + (f" ({info(m).unit})" if info(m).unit else "")
                                  + ("; lower = stronger attack" if not info(m).higher else "")
@@ -198,43 +213,46 @@ def _scorecard_md(res, card) -> list[str]:
           f"**Δ {ref}**: this cell minus the cell of the scenario's reference method ({ref}; column `reference` of "
           "scorecard.csv), paired by target and seed: the leakage (or accuracy) a method adds beyond the reference, "
           "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of the scorecard (below "
-          "3 runs: not testable); only between cells of the same attack, prior and budget (columns prior, budget) "
-          "that both beat their baselines. A value that does not beat its own baseline reads \"no reconstruction at "
+          "3 runs: not testable; distinguishable below 0.01, borderline up to 0.1); only between cells of the same "
+          "attack, prior and budget (columns prior, budget) that both beat their baselines. A value that does not "
+          "beat its own baseline reads \"no reconstruction at "
           "this budget\" (or \"not above baseline\"; \"vacuous\" when the baseline is already perfect, e.g. a "
           "victim's domain that its client name gives). PSNR is capped at 60 dB (8-bit precision reaches 58.9 dB) and "
-          "intervals are cut to each metric's range. **also**: for PSNR the headlines, the share of held-out images "
+          "intervals are cut to each metric's range (a Δ's to the range of a difference: ±1 for AUC, re-identification "
+          "and accuracy). **also**: for PSNR the headlines, the share of held-out images "
           "at >= 25 dB and the median PSNR (the baseline's in brackets); for membership the pool of calibrated "
           "held-out scores over victims and runs (within-model quantiles), its smallest detectable AUC (one-sided "
           "test against 0.5, alpha 0.05, power 0.8, Hanley-McNeil variance) and TPR at 1% / 0.1% FPR where the pool "
           "has >= 100 / >= 1000 non-members; below 500 members or non-members a cell is \"not resolvable\" and its "
-          "Δ is not tested. **threat model**: the chosen attack's prior (none, layout, learned; oracle outputs are "
-          "never the headline, see the per-victim table), budget (iterations x restarts) and what the attacker "
-          "knows, as the attacks declare them (attacks.json). A harm in [brackets] names a setting an attack reports "
-          "in a row of its own, or an artifact sent outside every DP mechanism of its run (its own row, at its own ε). "
+          "Δ is not tested. **[any channel]**: per harm, adversary and method, the main cell again (the strongest "
+          "attack over every channel the method sends; the channel in column attack (artifact)) with its Δ to "
+          f"{ref} whatever the attack and channel: the comparison of \"Between methods\" (comparisons.csv), paired by "
+          "target and seed, Holm-adjusted over those comparisons. For a re-identification cell, **also** gives the "
+          "same chosen attack's aligned PSNR, its shares of held-out images at >= 20 dB and >= 25 dB (each with the "
+          "baseline's, on the same runs, victims and images) and the CPU seconds it spent per victim. "
+          "The chosen attack's threat model (prior, budget, what the attacker knows and assumes; "
+          "oracle outputs are never the headline, see the per-victim table) is stated once per attack in \"Attacks "
+          "and their threat models\"; differences across attacks and channels are in \"Between methods\". A harm "
+          "in [brackets] names a setting an attack reports in a row of its own, or an artifact sent outside "
+          "every DP mechanism of its run (its own row, at its own ε). "
           "**converged**: runs whose selected round is before the last "
           "10% of their rounds, of all runs. "
           "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
+        again = lambda r: r["setting"] == SC.ANY_CHANNEL  # noqa: E731  (the main cell again: its reading is above)
         body = [[r["method"] + r["variant"], r["harm"] + (f" [{r['setting']}]" if r.get("setting") else ""),
-                 r["adversary"] or "—", r["metric"], ci(r) + (f" ({r['reading']})" if r.get("reading") else ""),
-                 ci(r, "baseline"), ci(r, "diff_ref"), side(r) or "—",
-                 f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", _threat(r), r["assumes"] or "—",
-                 r["control"],
+                 r["adversary"] or "—", r["metric"], ci(r) + (f" ({r['reading']})" if r.get("reading") and not
+                                                              again(r) else ""),
+                 ci(r, "baseline"), ci(r, "diff_ref"), "as the row above" if again(r) else side(r) or "—",
+                 f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["control"],
                  r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
                  r["epsilon"], _conv(r.get("converged"))]
                 for r in card if r["dataset"] == ds]
-        md += [f"### {ds}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
+        md += [f"### {md_text(ds, 120)}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
                                           "baseline [95% CI]", f"Δ {ref} [95% CI]", "also", "attack (artifact)",
-                                          "threat model", "attacker assumes", "control", "selection",
+                                          "control", "selection",
                                           "runs / items", "ε", "converged"], body), ""]
     return md
-
-
-def _threat(r: dict) -> str:
-    """A cell's threat model in one cell: prior, budget, what the attacker knows ("—" where nothing is declared)."""
-    parts = [f"prior {r['prior']}" if r.get("prior") else "", f"budget {r['budget']}" if r.get("budget") else "",
-             f"knows {r['capabilities']}" if r.get("capabilities") else ""]
-    return "; ".join(p for p in parts if p) or "—"
 
 
 def _victims_md(res) -> list[str]:
@@ -255,19 +273,21 @@ def _victims_md(res) -> list[str]:
                 + [fmt(cell[(o, v)]["value"], 1) if (o, v) in cell else "—" for v in victims] for o in outs]
         body.append(["baseline"] + [fmt(next(r["baseline"] for r in rs if r["victim"] == v), 1) for v in victims])
         heads = [victim_tag(v).replace("@", "/") for v in victims]   # a curious client's "a+...+z", shortened
-        md += [f"**{res.label(key[0])}, {key[1]}**", "", md_table(["variant"] + heads, body), ""]
+        md += [f"**{md_text(res.label(key[0]), 120)}, {md_text(key[1], 120)}**", "",
+               md_table(["variant"] + heads, body), ""]
     return md
 
 
 def _tradeoff_md(res, files) -> list[str]:
     if not files:
         return []
-    md = ["## Accuracy versus each harm", "",
-          "One figure per harm and dataset family: every method (marker: adversary) at its scorecard value and "
-          "held-out accuracy, with 95% intervals both ways; black-edged points are Pareto-optimal (no other point is "
-          "at least as accurate and leaks at most as much); grey × is the trivial baseline.", ""]
-    for ds, harm, f in files:
-        md += [f"### {harm} ({ds})", "", _img(f, f"accuracy vs {harm}"), ""]
+    md = ["## Accuracy against leakage", "",
+          "One figure per dataset family, one panel per harm (reconstruction, membership): each method at its "
+          "held-out accuracy (y) and its scorecard cell (x: the strongest attack over every channel it sends, held-out "
+          "choice), 95% Student-t intervals both ways, labelled with the channel that leaks; one colour per method "
+          "in every figure; the grey bar on each point's row is that cell's trivial baseline.", ""]
+    for ds, f in files:
+        md += [f"### {md_text(ds, 120)}", "", _img(f, f"accuracy against leakage, {ds}"), ""]
     return md
 
 
@@ -282,8 +302,43 @@ def _privacy_md(res, acc, eps, files) -> list[str]:
         [_img(f, "epsilon vs accuracy") for f in files] + [""]
 
 
+def _csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write(path, buf.getvalue())
+
+
+def _runs_md(res, run_dirs, runs_md) -> list[str]:
+    failed = [r for r in res.runs if r.get("status") != "ok"]
+    md = ["## Runs", "", md_text(f"Run folders: {', '.join(str(r) for r in res.roots)}. Runs: {len(res.ok)} finished"
+                                 + (f", {len(failed)} failed" if failed else "") + "."), ""]
+    md += [clean(line, 20000) for line in runs_md]   # ledger.status_lines: run ids in code spans, shown as they are
+    code = lambda x: "`" + clean(x, 200).replace("`", "'") + "`"  # noqa: E731  (a code span shows text as it is)
+    md += [f"- failed: {code(r['run'])}: {md_text(r.get('error', ''), 2000)}" for r in failed]
+    return md + [f"- note: {md_text(n, 2000)}" for n in res.notes] + [""]
+
+
+def _figures_md(roc_files, rec_files) -> list[str]:
+    md = []
+    if roc_files:
+        md += ["## Membership inference ROC", "", "Log-log ROC per attack, scores pooled over each method's runs and "
+               "victims: per method its strongest output variant (at most 6 curves), AUC and TPR at 1% and 0.1% FPR "
+               "in the legend; the dashed grey diagonal is random guessing.", ""] + \
+            [_img(f, "ROC") for f in roc_files] + [""]
+    if rec_files:
+        md += ["## Reconstructions", "", "Row 1: the victim's images; row 2: the attack's reconstructions as "
+               "returned (scored after alignment: a shifted or flipped image can score high); row 3: the attack's "
+               "trivial baseline. One example run and victim per method and attack variant, a few per page.", ""] + \
+            [_img(f, "reconstructions") for f in rec_files] + [""]
+    return md
+
+
 def write_report(run_dirs, out, quiet: bool = False) -> Path:
-    """Aggregate run folders into ``out/report.md`` with figures in ``out/plots/``; returns report.md."""
+    """Aggregate run folders into ``out/report.md`` (page one, then details under headings) and ``out/report.html``
+    (the same, one self-contained file) with figures in ``out/plots/``, scorecard.csv and comparisons.csv; returns
+    report.md."""
     from ..ledger import status_lines
     out = Path(out)
     plots = out / "plots"
@@ -292,40 +347,26 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     acc, leak, eps = T.accuracy_table(res), T.leakage_table(res), T.privacy_table(res)
     by = bytes_table(res.envelopes, res.ok)
     card = SC.scorecard(res)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=SC.FIELDS)
-    w.writeheader()
-    w.writerows(card)
-    atomic_write(out / "scorecard.csv", buf.getvalue())
+    comps = CMP.between(res, card)
+    _csv(out / "scorecard.csv", SC.FIELDS, card)
+    _csv(out / "comparisons.csv", CMP.FIELDS, CMP.csv_rows(comps))
     acc_files = P.accuracy(res, acc, plots) + P.sweep(res, acc, plots)
-    trade_files = P.tradeoff(res, card, plots)
+    trade_files = tradeoff(res, card, plots)
     byte_files = P.bytes_per_round(res, by, plots)
     eps_files = P.privacy(res, acc, eps, plots)
     roc_files, rec_files = P.roc(res, plots), P.recon(res, plots)
     curve = CV.by_size(res)
     curve_files = P.size_curve(res, curve, plots)
-    failed = [r for r in res.runs if r.get("status") != "ok"]
-    src = [str(r) for r in res.roots]
-    md = [f"# fdg_audit report: {', '.join(dict.fromkeys(res.scenarios))}", "",
-          f"Run folders: {', '.join(f'`{s}`' for s in src)}. Runs: {len(res.ok)} finished"
-          + (f", {len(failed)} failed" if failed else "") + ".", ""]
-    md += runs_md + [f"- failed: `{r['run']}`: {r.get('error', '')}" for r in failed]
-    md += [f"- note: {n}" for n in res.notes] + ([""] if failed or res.notes else [])
-    md += verdict_md(res, card) + _scorecard_md(res, card) + differences_md(res) + _victims_md(res)
-    md += CV.curve_md(res, curve, curve_files)
-    md += _tradeoff_md(res, trade_files)
+    md = [f"# fdg_audit report: {md_text(', '.join(dict.fromkeys(res.scenarios)), 200)}", ""]
+    md += page_one_md(res, card, comps, curve, by, [f for _, f in trade_files])
+    md += _scorecard_md(res, card) + CMP.between_md(comps) + legend_md(res) + verdict_md(res, card)
+    md += differences_md(comps) + _victims_md(res) + CV.curve_md(res, curve, curve_files)
+    md += _tradeoff_md(res, trade_files) + _runs_md(res, run_dirs, runs_md)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files]) + _privacy_md(res, acc, eps, eps_files)
     md += dp_section(card, res.ok, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε
-    if roc_files:
-        md += ["## Membership inference ROC", "", "Log-log ROC, scores pooled over each method's runs and victims; "
-               "the dashed diagonal is random guessing.", ""] + [_img(f, "ROC") for f in roc_files] + [""]
-    if rec_files:
-        md += ["## Reconstructions", "", "Row 1: the victim's images; row 2: the attack's reconstructions as "
-               "returned (attacks on Fourier amplitudes are scored up to a circular shift and point inversion, "
-               "so a shifted or flipped image can score high); row 3: the attack's trivial baseline. One example "
-               "run and victim per method and attack variant.", ""] + \
-            [_img(f, "reconstructions") for f in rec_files] + [""]
+    md += _figures_md(roc_files, rec_files)
     path = out / "report.md"
     atomic_write(path, "\n".join(md))
+    write_html(md, out)
     return path

@@ -1,10 +1,15 @@
 """The numbers a scorecard cell reports beside its value, from the held-out items of its chosen candidates
 (``sel``: {run: dict(items, base, ...)} as ``scorecard._select`` returns them).
 
-* Reconstruction in dB (``psnr_headlines``): the share of held-out images at PSNR >= ``SUCCESS_DB`` (attacks.md §1,
+* Reconstruction in dB (``psnr_headlines``): the share of held-out images at PSNR ≥ ``SUCCESS_DB`` (docs/attacks.md §1,
   fixed in advance) and the median PSNR, each the mean over runs of its per-run value with the interval of
   ``stats.estimate``, cut to the metric's range (a share to [0, 1], dB to [0, cap]); and the same two numbers of the
   paired baseline.
+* Re-identification (``recon_side``): beside the headline, the same chosen attack output's aligned PSNR and its shares
+  of images at >= 20 and >= 25 dB, on the same runs, victims and held-out images (each the mean over runs with the
+  interval of ``stats.estimate`` cut to the metric's range, and the paired baseline's mean), and the CPU seconds the
+  attack spent per victim (leakage.csv's cost row of the chosen victim; mean over runs). A number is left empty
+  unless every run of the cell has it.
 * Membership (``pool``): per run, the chosen candidate's held-out scores are calibrated within their target model
   (the run and the victim named in each item's id; ``metrics.membership.calibrate``, label-free quantiles) and pooled
   over the cell's runs (targets x seeds) and victims. The pool's size is reported (members, non-members), with the
@@ -24,6 +29,9 @@ from ..metrics import stats as S
 from ..metrics.registry import info
 
 SUCCESS_DB = 25.0
+# re-identification's companions: registry metric -> (scorecard column, prefix of its interval columns)
+COMPANIONS = {"psnr": ("psnr", "psnr"), "success@20dB": ("success_20dB", "success_20dB"),
+              "success@25dB": ("success_25dB", "success")}
 TPR_AT = (0.01, 0.001)
 NAN = float("nan")
 
@@ -60,6 +68,36 @@ def psnr_headlines(metric: str, sel: dict, seed: int = 0) -> dict:
     return dict(success_25dB=_fmt(s), success_ci_low=_fmt(slo), success_ci_high=_fmt(shi),
                 baseline_success_25dB=_fmt(b_s), median=_fmt(m), median_ci_low=_fmt(mlo), median_ci_high=_fmt(mhi),
                 baseline_median=_fmt(b_m))
+
+
+def side_key(run: str, r: dict, metric: str) -> tuple:
+    """The key of one attack output's number (an items-file row, a leakage.csv row or a scorecard candidate)."""
+    return run, r["attack"], r["artifact"], r.get("output") or "", int(r["round"]), str(r.get("victim")), metric
+
+
+def cpu_seconds(leakage: list[dict]) -> dict:
+    """{side_key: CPU seconds} of leakage.csv's cost rows."""
+    return {side_key(r["run"], r, "cpu_seconds"): r["value"] for r in leakage if r["metric"] == "cpu_seconds"}
+
+
+def recon_side(sel: dict, side: dict, seed: int = 0) -> dict:
+    """psnr, success_20dB, success_25dB (with intervals and the baseline's) and cpu_seconds of a re-identification
+    cell (module doc; ``side``: {side_key: (items, base)} of the companions, {side_key: seconds} of the costs)."""
+    out = {}
+    for metric, (col, ci) in COMPANIONS.items():
+        got = [(side.get(side_key(run, s["chosen"], metric)), s["items"].ids) for run, s in sel.items()]
+        if not got or any(g is None for g, _ in got):
+            continue
+        same = lambda it, ids: it if it.ids is None or ids is None else it.sub(np.isin(it.ids, ids))  # noqa: E731
+        mi = info(metric)
+        m, lo, hi = _summary([same(it, ids) for (it, _), ids in got], mi.lo, mi.hi, seed)
+        b = [same(base, ids).stat() for (_, base), ids in got if base is not None]
+        out |= {col: _fmt(m), f"{ci}_ci_low": _fmt(lo), f"{ci}_ci_high": _fmt(hi),
+                f"baseline_{col}": _fmt(float(np.nanmean(b)) if len(b) == len(got) else NAN)}
+    cost = [side.get(side_key(run, s["chosen"], "cpu_seconds")) for run, s in sel.items()]
+    if cost and all(c is not None for c in cost):
+        out["cpu_seconds"] = _fmt(float(np.mean(cost)))
+    return out
 
 
 def victims(it) -> np.ndarray:

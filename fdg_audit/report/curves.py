@@ -1,10 +1,10 @@
 """Reconstruction against the client's data size (issue 19, item 3): where a dataset gives its clients fixed
 training-set sizes (``data.client_sizes``, e.g. [1, 4, 16, 64]), every reconstruction attack's per-victim rows of
 leakage.csv are grouped by the victim's size. One point per (group, attack, output variant, size): the mean over the
-attacked victims (one per run and source domain) of success@25dB (the fraction of a victim's images at PSNR >= 25 dB)
-and of PSNR, each with its 95% Student-t interval over those victims cut to the metric's range, their number, and the
-same for the attack's own baseline. The output's prior and budget come from attacks.json (report/threat.py); an oracle
-prior is an upper bound, flagged so, and drawn dashed.
+attacked victims (one per run and source domain) of the reconstruction headline (the registry's card metric, the same
+for every channel: ``HEADLINE``) and of PSNR, each with its 95% Student-t interval over those victims cut to the
+metric's range, their number, and the same for the attack's own baseline. The output's prior and budget come from
+attacks.json (report/threat.py); an oracle prior is an upper bound, flagged so, and drawn dashed.
 """
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from collections import defaultdict
 from ..api.attack import ORACLE
 from ..metrics import stats as S
 from ..metrics.image import PSNR_CAP_DB
+from ..metrics.registry import card_metrics, info
 from . import tables as T
 from . import threat as TH
 from .formatting import md_table, num
 
-METRICS = {"success@25dB": 1.0, "psnr": PSNR_CAP_DB}   # metric -> upper end of its range
+HEADLINE = card_metrics("reconstruction")[0]    # the reconstruction headline, whatever the channel (registry)
+METRICS = {HEADLINE: min(info(HEADLINE).hi, PSNR_CAP_DB), "psnr": PSNR_CAP_DB}   # metric -> top of its range
 
 
 def client_size(run: dict, victim: str) -> int | None:
@@ -46,6 +48,7 @@ def by_size(res: T.Results) -> list[dict]:
     for (g, a, o, metric, n), rs in sorted(by.items(), key=lambda kv: (str(kv[0][:4]), kv[0][4])):
         desc = res.attacks.get(a, {})
         out.append(dict(key=g, attack=a, output=o, metric=metric, size=n, prior=TH.prior(desc, o),
+                        artifact="|".join(dict.fromkeys(str(r.get("artifact", "")) for r in rs)),
                         budget=TH.budget(desc, o), oracle=TH.prior(desc, o) == ORACLE,
                         value=_ci([num(r["value"]) for r in rs], METRICS[metric]),
                         baseline=_ci([num(r["baseline"]) for r in rs], METRICS[metric])))
@@ -64,12 +67,14 @@ def curve_md(res: T.Results, rows: list[dict], files: list[str]) -> list[str]:
     if not rows:
         return []
     md = ["## Reconstruction against the client's data size", "",
-          "Per method, attack and prior: success@25dB (share of a victim's images at PSNR >= 25 dB) and mean PSNR "
-          "(dB) per client training-set size, mean [95% t-interval] over the attacked victims (n: one per run and "
+          f"Per method, attack and prior: the reconstruction headline ({HEADLINE}, the same for every channel) and "
+          "mean PSNR (dB) per client training-set size, mean [95% t-interval] over the attacked victims (n: "
+          "one per run and "
           "source domain), each next to the attack's own baseline. Oracle priors are upper bounds, not findings.", ""]
     sizes = sorted({r["size"] for r in rows})
     cells = {(r["key"], r["attack"], r["output"], r["metric"], r["size"]): r for r in rows}
-    for metric, d in (("success@25dB", 2), ("psnr", 1)):
+    for metric in METRICS:
+        d = 1 if info(metric).unit == "dB" else 2
         body = []
         for key in dict.fromkeys((r["key"], r["attack"], r["output"]) for r in rows if r["metric"] == metric):
             first = next(cells[(*key, metric, n)] for n in sizes if (*key, metric, n) in cells)

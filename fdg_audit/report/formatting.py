@@ -58,8 +58,29 @@ def human_bytes(b: float) -> str:
     return f"{b:.0f} B"
 
 
+# bidirectional-text controls (RTL marks, embeddings, isolates) and other invisible format characters
+_HIDDEN = re.compile("[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+_MD = re.compile(r"([\\`*<>|!])")
+CELL_CHARS = 2000
+
+
+def clean(s, limit: int = CELL_CHARS) -> str:
+    """Text read from a run folder, made one visible line: line breaks and control / bidi characters become "␣"
+    (so a label cannot reorder or split what follows it), and anything beyond ``limit`` characters is cut with
+    "… (N characters)"."""
+    s = _HIDDEN.sub("␣", str(s))
+    return s if len(s) <= limit else s[:limit] + f"… ({len(s)} characters)"
+
+
+def md_text(s, limit: int = CELL_CHARS) -> str:
+    """``clean`` text with markdown's active characters backslash-escaped (HTML tags, emphasis, code, tables,
+    images), so that report.md shows a label such as ``<script>`` as text."""
+    return _MD.sub(r"\\\1", clean(s, limit))
+
+
 def md_table(headers: list[str], rows: list[list]) -> str:
-    esc = lambda c: str(c).replace("|", "\\|")  # noqa: E731
+    """A markdown table; every cell is ``md_text`` (no markup inside cells)."""
+    esc = md_text
     lines = ["| " + " | ".join(map(esc, headers)) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(map(esc, r)) + " |" for r in rows]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from .. import metrics as M
 from ..metrics.registry import info
 from ..runfolder import victim_tag
 from . import tables as T
-from .formatting import ARROW, human_bytes, num, slug
+from .formatting import ARROW, human_bytes, slug
 
 DPI = 110
 
@@ -35,9 +35,20 @@ def _save(fig, out: Path, name: str) -> str:
 
 
 def colors(res: T.Results) -> dict:
+    """{group: colour}: one fixed colour per method (label and variant, whatever the dataset), the same in every
+    figure of the report, in the order the methods first appear."""
     import matplotlib
-    cmap = matplotlib.colormaps["tab10" if len(res.groups()) <= 10 else "tab20"]
-    return {g: cmap(i % cmap.N) for i, g in enumerate(res.groups())}
+    methods = list(dict.fromkeys(g[1] + g[2] for g in res.groups()))
+    cmap = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
+    return {g: cmap(methods.index(g[1] + g[2]) % cmap.N) for g in res.groups()}
+
+
+def _legend(ax, **kw):
+    """A legend with each label once (repeated artists of one method draw one entry)."""
+    h, labels = ax.get_legend_handles_labels()
+    keep = dict(zip(labels, h))
+    if keep:
+        ax.legend(list(keep.values()), list(keep), **kw)
 
 
 def _seeds(rows) -> str:
@@ -51,12 +62,12 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
     for ds in dict.fromkeys(r["dataset"] for r in acc):
         rows = [r for r in acc if r["dataset"] == ds]
         targets = list(dict.fromkeys(t for r in rows for t in r["targets"]))
-        xs = targets + ["mean over targets"]
+        xs = targets + ["mean over targets"] * (len(targets) > 1)   # one target: its bar is the mean
         width = 0.8 / len(rows)
         fig = _fig(max(6.0, 1.5 + len(xs) * (0.45 + 0.22 * len(rows))), 4.2)
         ax = fig.subplots()
         for i, r in enumerate(rows):
-            cells = [r["targets"].get(t, T.stat([])) for t in targets] + [r["mean"]]
+            cells = [r["targets"].get(t, T.stat([])) for t in targets] + [r["mean"]] * (len(targets) > 1)
             x = np.arange(len(xs)) + (i - (len(rows) - 1) / 2) * width
             err = [0 if math.isnan(c["std"]) else c["std"] for c in cells]
             ax.bar(x, [c["mean"] for c in cells], width, color=col[r["key"]], label=res.label(r["key"]),
@@ -74,7 +85,7 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
                      + ("1 seed (no error bars)" if one else f"bars: mean over {_seeds(rows)}, error bars: std over "
                         "seeds"), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         files.append(_save(fig, out, f"accuracy_{slug(ds)}.png"))
     return files
 
@@ -95,10 +106,12 @@ def sweep(res: T.Results, acc: list[dict], out: Path) -> list[str]:
                 lines[r["method"] + (f" [{rest}]" if rest else "")].append(r)
             fig = _fig(6.4, 4.0)
             ax = fig.subplots()
+            col = colors(res)
             for name, rs in lines.items():
                 rs = sorted(rs, key=lambda r: r["sweep"][key])
                 ax.errorbar([r["sweep"][key] for r in rs], [r["mean"]["mean"] for r in rs], marker="o", capsize=3,
-                            yerr=[0 if math.isnan(r["mean"]["std"]) else r["mean"]["std"] for r in rs], label=name)
+                            yerr=[0 if math.isnan(r["mean"]["std"]) else r["mean"]["std"] for r in rs], label=name,
+                            color=col[rs[0]["key"]] if len(lines) == len({r["method"] for r in rows}) else None)
             pos = [v for v in vals if v > 0]
             if len(pos) == len(vals) and max(pos) / min(pos) >= 100:
                 ax.set_xscale("log")
@@ -111,56 +124,6 @@ def sweep(res: T.Results, acc: list[dict], out: Path) -> list[str]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8, frameon=False)
             files.append(_save(fig, out, f"sweep_{slug(ds)}_{slug(key)}.png"))
-    return files
-
-
-def tradeoff(res: T.Results, card: list[dict], out: Path) -> list[tuple[str, str, str]]:
-    """Accuracy against each harm, one figure per (dataset, harm): every method (and adversary) on the same axes,
-    95% intervals as error bars both ways, the trivial baseline as a grey x, the Pareto front marked (no other
-    point is at least as accurate and leaks at most as much). Returns (dataset, harm, file) triples."""
-    files, col = [], colors(res)
-    acc = {(r["dataset"], r["method"], r["variant"]): r for r in card if r["harm"] == "accuracy"}
-    marks = {"server": "o", "client": "s", "eavesdropper": "^"}
-    for ds in dict.fromkeys(g[0] for g in res.groups()):
-        for harm in dict.fromkeys(r["harm"] for r in card if r["harm"] != "accuracy" and r["dataset"] == ds):
-            pts = []
-            for r in card:
-                g = (r["dataset"], r["method"], r["variant"])
-                x = num(r["value"])
-                if r["dataset"] != ds or r["harm"] != harm or g not in acc or math.isnan(x):
-                    continue
-                pts.append((g, r, x, num(acc[g]["value"])))
-            if not pts:
-                continue
-            mi = info(pts[0][1]["metric"].split("|")[0])
-            front = T.pareto_front([(x, y) for _, _, x, y in pts], mi.higher)
-            fig = _fig(8.6, 4.8)
-            ax = fig.subplots()
-            for (g, r, x, y), on in zip(pts, front):
-                a = acc[g]
-                xe = [[max(0.0, x - num(r["ci_low"]))], [max(0.0, num(r["ci_high"]) - x)]]
-                ye = [[max(0.0, y - num(a["ci_low"]))], [max(0.0, num(a["ci_high"]) - y)]]
-                xe, ye = [[0 if math.isnan(v[0]) else v[0]] for v in xe], [[0 if math.isnan(v[0]) else v[0]] for v in ye]
-                ax.errorbar(x, y, xerr=xe, yerr=ye, fmt=marks.get(r["adversary"], "o"), ms=8 if on else 6,
-                            color=col.get(g, "k"), mec="k" if on else col.get(g, "k"), mew=1.5, capsize=2,
-                            label=f"{res.label(g)}, {r['adversary']} ({r['attack']}; {r['n_runs']} runs)")
-                b = num(r["baseline"])
-                if not math.isnan(b):
-                    ax.plot([b, x], [y, y], color=col.get(g, "k"), lw=0.7, ls=":")
-                    ax.plot(b, y, "x", color="0.35", ms=7)
-            order = sorted(((x, y) for (_, _, x, y), on in zip(pts, front) if on), key=lambda p: p[0])
-            ax.plot([p[0] for p in order], [p[1] for p in order], "k-", lw=1.2, alpha=0.6,
-                    label="Pareto front (black-edged points)")
-            ax.plot([], [], "x", color="0.35", label="trivial baseline (selected the same way)")
-            unit = f" ({mi.unit})" if mi.unit else ""
-            more = "→ more leakage" if mi.higher else "← more leakage (lower error)"
-            ax.set_xlabel(f"{harm}: {pts[0][1]['metric']}{unit}, held-out strongest attack   {more}")
-            ax.set_ylabel("held-out accuracy (mean over targets and seeds)")
-            ax.set_title(f"{ds}: accuracy vs {harm}\nerror bars: 95% bootstrap intervals (scorecard.csv); "
-                         "marker: adversary (o server, □ client, △ eavesdropper)", fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-            files.append((ds, harm, _save(fig, out, f"tradeoff_{slug(ds)}_{slug(harm)}.png")))
     return files
 
 
@@ -243,38 +206,56 @@ def privacy(res: T.Results, acc: list[dict], eps: dict, out: Path) -> list[str]:
     return [_save(fig, out, "privacy_vs_accuracy.png")]
 
 
+MAX_CURVES = 6
+
+
+def _roc_curves(pooled: dict) -> list[tuple]:
+    """Per method (group) its strongest output variant by AUC, the strongest MAX_CURVES methods:
+    [(group, variant, data, auc)]."""
+    best = {}
+    for (g, var), d in pooled.items():
+        if d["labels"].min() == d["labels"].max():
+            continue
+        a = M.auc(d["scores"], d["labels"])
+        if g not in best or a > best[g][3]:
+            best[g] = (g, var, d, a)
+    return sorted(best.values(), key=lambda c: -c[3])[:MAX_CURVES]
+
+
 def roc(res: T.Results, out: Path) -> list[str]:
-    """Log-log ROC per membership attack; scores pooled over each group's runs and victims."""
+    """Log-log ROC per membership attack (as ML Privacy Meter draws it): per method its strongest output variant, at
+    most MAX_CURVES curves, AUC and TPR at 1% and 0.1% FPR in the legend; scores pooled over each method's runs and
+    victims; the dashed grey diagonal is random guessing."""
     files, col = [], colors(res)
     for attack, pooled in T.membership_scores(res).items():
+        curves = _roc_curves(pooled)
+        if not curves:
+            continue
         fig = _fig(6.4, 5.2)
         ax = fig.subplots()
-        lo, styles = 1.0, {}
-        for (g, var), d in pooled.items():
+        lo = 1.0
+        for g, var, d, a in curves:
             s, y = d["scores"], d["labels"]
-            if y.min() == y.max():
-                continue
             fpr, tpr, _ = M.roc(s, y)
             n0 = int((y == 0).sum())
             lo = min(lo, 1 / n0)
-            t1 = M.tpr_at_fpr(s, y, 0.01)
+            t = [M.tpr_at_fpr(s, y, f) if n0 >= 1 / f else float("nan") for f in (0.01, 0.001)]
+            tx = ["n/a" if math.isnan(v) else f"{v:.3f}" for v in t]
             name = res.label(g) + ("" if var == "main" else f" ({var})")
-            ls = styles.setdefault(var, ["-", "--", "-.", ":"][len(styles) % 4])
-            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], ls=ls, lw=1.6,
-                    drawstyle="steps-post",
-                    label=f"{name}: AUC {M.auc(s, y):.3f}, TPR@1%FPR {'n/a' if math.isnan(t1) else f'{t1:.3f}'}\n"
-                          f"    pooled over {len(d['models'])} models×victims, {int(y.sum())} members, {n0} non-members")
-        ax.plot([lo / 2, 1], [lo / 2, 1], color="0.5", lw=1, label="baseline: random guess (TPR = FPR)")
+            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], lw=1.6,
+                    drawstyle="steps-post", label=f"{name}: AUC {a:.3f}, TPR@1%FPR {tx[0]}, TPR@0.1%FPR {tx[1]}\n"
+                                                  f"    {int(y.sum())} members, {n0} non-members")
+        ax.plot([lo / 2, 1], [lo / 2, 1], color="0.5", lw=1, ls="--", label="baseline: random guess (TPR = FPR)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo / 2, 1)
         ax.set_ylim(lo / 2, 1.3)
         ax.set_xlabel("false positive rate (log scale)")
         ax.set_ylabel("true positive rate (log scale)")
-        ax.set_title(f"{attack}: membership ROC (last round attacked), scores pooled over runs\n(targets × seeds) and "
-                     "victims; rates below 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
+        ax.set_title(f"{attack}: membership ROC, strongest variant per method (last round attacked), pooled over\n"
+                     "runs and victims; rates below 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
+        _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
         files.append(_save(fig, out, f"roc_{slug(attack)}.png"))
     return files
 
@@ -290,12 +271,13 @@ def _show(ax, img):
 
 
 def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
-    """One grid per reconstruction attack: per group its first saved example, rows truth / attack /
-    baseline, with the example's PSNR from leakage.csv in the block title."""
+    """One grid per reconstruction attack, paged (PER_PAGE blocks of at most ``n`` images a page): per group its
+    first saved example, rows truth / attack / baseline, with the example's PSNR from leakage.csv in the block
+    title."""
     files = []
     gof = res.group_of()
-    psnr = {(r["attack"], r["run"], victim_tag(r["victim"]), r.get("output") or "main"): r for r in res.leakage
-            if r["metric"] == "psnr"}
+    psnr = {(r["metric"], r["attack"], r["run"], victim_tag(r["victim"]), r.get("output") or "main"): r
+            for r in res.leakage if r["metric"] in ("psnr", "reid")}
     for attack in dict.fromkeys(m["attack"] for m in res.recon):
         pick = {}
         for m in sorted((m for m in res.recon if m["attack"] == attack and m["run"] in gof),
@@ -307,36 +289,51 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
         for (g, var), m in pick.items():
             with np.load(m["path"]) as z:
                 blocks.append((g, var, m, z["truth"][:n], z["recon"][:n], z["baseline"][:n]))
-        cols = max(len(b[3]) for b in blocks)
-        fig = _fig(max(4.5, 0.95 * cols + 1.0), 3.6 * len(blocks) + 0.5)
-        sub = fig.subfigures(len(blocks), 1, squeeze=False)[:, 0]
-        for sf, (g, var, m, x, r, b) in zip(sub, blocks):
-            axes = sf.subplots(3, cols, squeeze=False)
-            for j in range(cols):
-                for i, arr in enumerate((x, r, b)):
-                    if j < len(arr):
-                        _show(axes[i, j], arr[j])
-                    else:
-                        axes[i, j].axis("off")
-            for i, name in enumerate(("truth", "attack", "baseline")):
-                axes[i, 0].set_ylabel(name, fontsize=9)
-            p = psnr.get((attack, m["run"], victim_tag(m["victim"]), var))
-            score = "" if p is None else f"\nmean PSNR {p['value']:.1f} dB vs baseline {p['baseline']:.1f} dB"
-            name = res.label(g) + ("" if var == "main" else f" ({var})")
-            sf.suptitle(f"{name}: run {m['run']}, victim {m['victim']}{score}", fontsize=9)
-        fig.suptitle(f"{attack}: reconstructions (row 2) of the victim's images (row 1); row 3: the attack's "
-                     f"trivial baseline\npixels in [0, 1]; one example run per method (seed and target in the "
-                     f"caption)", fontsize=10)
-        files.append(_save(fig, out, f"recon_{slug(attack)}.png"))
+        for k in range(0, len(blocks), PER_PAGE):   # pages of PER_PAGE blocks: each PNG at most ~1,300 px a side
+            page = f"_p{k // PER_PAGE + 1}" if k else ""
+            files.append(_recon_page(res, attack, blocks[k:k + PER_PAGE], psnr, out, f"recon_{slug(attack)}{page}.png",
+                                     (k // PER_PAGE + 1, -(-len(blocks) // PER_PAGE))))
     return files
 
 
+PER_PAGE = 3
+
+
+def _recon_page(res: T.Results, attack: str, blocks: list, psnr: dict, out: Path, fname: str, page: tuple) -> str:
+    """One page of a reconstruction grid: per block (method, variant) truth / attack / baseline rows."""
+    cols = max(len(b[3]) for b in blocks)
+    fig = _fig(max(4.5, 0.95 * cols + 1.0), 3.6 * len(blocks) + 0.5)
+    sub = fig.subfigures(len(blocks), 1, squeeze=False)[:, 0]
+    for sf, (g, var, m, x, r, b) in zip(sub, blocks):
+        axes = sf.subplots(3, cols, squeeze=False)
+        for j in range(cols):
+            for i, arr in enumerate((x, r, b)):
+                if j < len(arr):
+                    _show(axes[i, j], arr[j])
+                else:
+                    axes[i, j].axis("off")
+        for i, row in enumerate(("truth", "attack", "baseline")):
+            axes[i, 0].set_ylabel(row, fontsize=9)
+        p, q = (psnr.get((k, attack, m["run"], victim_tag(m["victim"]), var)) for k in ("psnr", "reid"))
+        score = ("" if p is None else f"\naligned PSNR {p['value']:.1f} dB vs baseline {p['baseline']:.1f} dB") + \
+            ("" if q is None else f"; re-identified {q['value']:.2f} vs chance {q['baseline']:.2f}")
+        name = res.label(g) + ("" if var == "main" else f" ({var})")
+        sf.suptitle(f"{name}: run {m['run']}, victim {m['victim']}{score}", fontsize=9)
+    fig.suptitle(f"{attack}: reconstructions (row 2) of the victim's images (row 1); row 3: the attack's "
+                 f"trivial baseline\npixels in [0, 1]; one example run per method (seed and target in the "
+                 f"caption); page {page[0]} of {page[1]}", fontsize=10)
+    return _save(fig, out, fname)
+
+
 def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
-    """Per dataset family with fixed client sizes (report/curves.py): success@25dB against the client's training-set
-    size (log axis), one panel per method on shared axes, one line per attack and output variant with its 95%
-    t-interval (lines nudged apart on x so their intervals stay visible); oracle priors dashed."""
+    """Per dataset family with fixed client sizes (report/curves.py): the reconstruction headline (the same metric
+    for every channel) against the client's training-set size (log axis), one panel per method on shared axes, one
+    line per attack and output variant with its 95% t-interval (lines nudged apart on x so their intervals
+    stay visible); oracle priors dashed."""
     files = []
-    rows = [r for r in rows if r["metric"] == "success@25dB"]
+    from .curves import HEADLINE
+    mi = info(HEADLINE)
+    rows = [r for r in rows if r["metric"] == HEADLINE]
     for ds in dict.fromkeys(r["key"][0] for r in rows):
         lines = defaultdict(list)
         for r in rows:
@@ -346,6 +343,7 @@ def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
         channels = list(dict.fromkeys((a, o) for _, a, o in lines))
         fig = _fig(3.2 * len(groups) + 1.5, 4.2)
         axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+        col = colors(res)
         for (g, a, o), rs in lines.items():
             ax, i = axes[groups.index(g)], channels.index((a, o))
             rs.sort(key=lambda r: r["size"])
@@ -353,18 +351,26 @@ def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
             y = [r["value"]["mean"] for r in rs]
             lo = [0 if r["value"]["lo"] != r["value"]["lo"] else r["value"]["mean"] - r["value"]["lo"] for r in rs]
             hi = [0 if r["value"]["hi"] != r["value"]["hi"] else r["value"]["hi"] - r["value"]["mean"] for r in rs]
-            name = a + ("" if o == "main" else f" ({o})") + (" [oracle]" if rs[0]["oracle"] else "")
-            ax.errorbar(x, y, yerr=[lo, hi], color=f"C{i % 10}", marker="os^vDP*X<>"[i % 10], capsize=2,
-                        ls="--" if rs[0]["oracle"] else "-", label=name, alpha=0.85)
+            name = f"{a} on {rs[0].get('artifact', '?')}" + ("" if o == "main" else f" ({o})") + \
+                (" [oracle]" if rs[0]["oracle"] else "")
+            ax.errorbar(x, y, yerr=[lo, hi], color=col[g], marker="os^vDP*X<>"[i % 10], capsize=2,
+                        ls="--" if rs[0]["oracle"] else "-", alpha=0.85)
+            ax.plot(x, [r["baseline"]["mean"] for r in rs], color="0.5", ls=":", marker="os^vDP*X<>"[i % 10],
+                    ms=3, lw=1)
+            ax.plot([], [], color="0.2", marker="os^vDP*X<>"[i % 10], ls="--" if rs[0]["oracle"] else "-",
+                    label=name)   # the legend names the channel by its marker (colour: the method, as everywhere)
         for ax, g in zip(axes, groups):
             ax.set_xscale("log", base=2)
-            ax.set_ylim(-0.03, 1.03)
+            if mi.hi <= 1:
+                ax.set_ylim(-0.03, 1.03)
             ax.set_title(res.label(g), fontsize=9)
             ax.set_xlabel("client training-set size (images)")
-        axes[0].set_ylabel("success@25dB (share of images, PSNR >= 25 dB)")
+        axes[0].set_ylabel(f"{mi.label}" + (f" ({mi.unit})" if mi.unit else ""))
         n = sorted({r["value"]["n"] for rs in lines.values() for r in rs})
         fig.suptitle(f"{ds}: reconstruction against client data size; mean over victims (n = {n[0]}"
-                     + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% t-intervals; dashed: oracle prior (upper bound)",
+                     + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% Student-t intervals; dashed: oracle prior "
+                     "(upper bound); grey dotted: each channel's trivial baseline; colour: the method; marker: the "
+                     "channel",
                      fontsize=9)
         handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
         fig.legend(list(handles.values()), list(handles), fontsize=7, loc="outside lower center", ncol=3)

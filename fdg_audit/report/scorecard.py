@@ -36,11 +36,20 @@ rows.
     perfect (a single-domain victim's domain: its name gives it); "not resolvable: ..." for a membership pool below
     500 members or non-members (cells.py). A Δ to the reference is computed only between cells of the same attack,
     prior and budget, both beyond their baselines; a Δ where either pool is not resolvable is printed but never
-    tested (diff_call "not resolvable"). Intervals are cut to the metric's range (PSNR: [0, 60 dB]).
+    tested (diff_call "not resolvable"). Intervals are cut to the metric's range (PSNR: [0, 60 dB]), and a Δ's to
+    the range of a difference (``cut_diff``: an AUC or re-identification Δ to [-1, 1], accuracy's too).
+  * setting "any channel" (``ANY_CHANNEL``): one more row per (dataset, method, variant, harm, adversary) that repeats
+    the harm's main cell (the strongest non-oracle attack over every channel the method sends; column artifact
+    names the channel) with, in the diff_ref columns, its Δ to the reference method whatever the attack and
+    channel: compare.between's comparison, paired by target and seed, its Holm adjustment over comparisons.csv's
+    family (report/compare.py). The scorecard's own Holm family is the same-attack Δ of the other rows.
   * prior, budget ("<iterations>x<restarts>"), capabilities (what the attacker knows, "+"-joined, in the attack
     contract's vocabulary) and assumes (the auxiliary data and output variant in words): what the chosen attacks
     declared of themselves in attacks.json (fdg_audit/report/threat.py; nothing is imported); "" where undeclared.
-  * success_25dB, median (with intervals) and the baseline's: dB cells' headlines; pool_members, pool_nonmembers,
+  * success_25dB, median (with intervals) and the baseline's: dB cells' headlines; a re-identification cell's
+    companions (cells.recon_side): the same chosen attack's aligned psnr, success_20dB and success_25dB on the same
+    runs, victims and held-out images (with intervals and the baseline's), and cpu_seconds per victim (leakage.csv's
+    cost row of the chosen victim, mean over runs); pool_members, pool_nonmembers,
     min_auc, tpr@0.01fpr, tpr@0.001fpr: membership cells' pooled scores (fdg_audit/report/cells.py).
   * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
     measurable"), none (the attacks have no controls). epsilon: accuracy rows: the largest headline ε any client
@@ -66,22 +75,47 @@ from . import threat as TH
 FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "setting", "adversary", "metric", "value", "ci_low",
           "ci_high", "baseline", "baseline_ci_low", "baseline_ci_high", "reference", "diff_ref", "diff_ref_ci_low",
           "diff_ref_ci_high", "diff_n", "diff_p_holm", "diff_call", "reading", "attack", "artifact", "prior", "budget",
-          "capabilities", "assumes", "success_25dB", "success_ci_low", "success_ci_high", "baseline_success_25dB",
-          "median", "median_ci_low", "median_ci_high", "baseline_median", "pool_members", "pool_nonmembers", "min_auc",
-          "tpr@0.01fpr", "tpr@0.001fpr", "control", "selection", "n_runs", "n_items", "converged"]
+          "capabilities", "assumes", "psnr", "psnr_ci_low", "psnr_ci_high", "baseline_psnr", "success_20dB",
+          "success_20dB_ci_low", "success_20dB_ci_high", "baseline_success_20dB", "success_25dB", "success_ci_low",
+          "success_ci_high", "baseline_success_25dB", "median", "median_ci_low", "median_ci_high", "baseline_median",
+          "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.001fpr", "control",
+          "selection", "n_runs", "n_items", "converged"]
+ANY_CHANNEL = "any channel"
+
+
+def cut_diff(d: dict, metric: str) -> dict:
+    """A difference (dict with lo, hi) with its interval cut to the range a difference of ``metric`` can take:
+    ±(hi − lo) of the metric's range (accuracy: ±1); NaN stays NaN."""
+    mi = None if metric == "target_acc" else info(metric)
+    span = 1.0 if mi is None else mi.hi - mi.lo
+    cut = lambda x: x if x != x else min(max(x, -span), span)  # noqa: E731
+    return d | dict(lo=cut(d["lo"]), hi=cut(d["hi"]))
+
+
+def reference_group(res: T.Results, g: tuple) -> tuple | None:
+    """The group ``g``'s Δ compares with: the reference method's group of the same dataset and variant (else without
+    variant), runs without DP first; None for the reference itself or when there is none."""
+    if not res.reference:
+        return None
+    plugin = {T.gkey(r): (r.get("plugin", r.get("method")), bool(r.get("privacy"))) for r in res.ok}
+    same = sorted((h for h in res.groups() if h[0] == g[0] and plugin[h][0] == res.reference),
+                  key=lambda h: plugin[h][1])
+    f = next((h for h in same if h[2] == g[2]), None) or next((h for h in same if not h[2]), None)
+    return None if f == g else f
 
 
 def role(adversary: str) -> str:
     return adversary if adversary in ("server", "eavesdropper") else "client"
 
 
-def _candidates(res: T.Results, final: dict) -> dict:
+def _candidates(res: T.Results, final: dict, side: dict) -> dict:
     """{(group, harm, role, setting): {run: [candidate]}} with candidate = dict(attack, artifact, output, metric,
     items, base, ok (control passed)). Oracle-prior outputs are left out (upper bounds, in the per-victim table);
     outputs an attack reports apart (``rows`` in attacks.json) form cells of their own setting, and so do artifacts
     sent outside every DP mechanism of a run that has some (setting "<artifact> outside DP"), so that a cell's ε is
     the one that holds for what it attacked, never the strongest of a covered and an uncovered artifact (``final``:
-    ``tables.final_privacy``)."""
+    ``tables.final_privacy``). ``side`` receives the reconstruction companions of every output (``cells.side_key``:
+    aligned PSNR and success shares, each with its baseline)."""
     gof = res.group_of()
     out = defaultdict(lambda: defaultdict(list))
     for f in res.items:
@@ -91,6 +125,8 @@ def _candidates(res: T.Results, final: dict) -> dict:
         key = lambda c: (gof[f["run"]], harm_of(c["metric"]), c["role"], c["setting"])  # noqa: E731
         for r in load_items(f["path"]):
             desc = res.attacks.get(r["attack"], {})
+            if r["metric"] in C.COMPANIONS:
+                side[C.side_key(f["run"], r, r["metric"])] = (r["items"], r["base"])
             if not info(r["metric"]).card or str(r.get("victim")) == "pooled" and info(r["metric"]).per_victim \
                     or TH.prior(desc, r["output"] or "") == ORACLE:
                 continue
@@ -186,15 +222,7 @@ def scorecard(res: T.Results) -> list[dict]:
     for r in res.privacy:
         if r["run"] in gof and r["headline"] and np.isfinite(r["epsilon"]):
             eps[gof[r["run"]]] = max(eps.get(gof[r["run"]], 0.0), r["epsilon"])
-    plugin = {T.gkey(r): (r.get("plugin", r.get("method")), bool(r.get("privacy"))) for r in res.ok}
-
-    def ref(g):   # the reference method's group: same dataset, same variant (else none), without DP first
-        if not res.reference:
-            return None
-        same = sorted((h for h in res.groups() if h[0] == g[0] and plugin[h][0] == res.reference),
-                      key=lambda h: plugin[h][1])
-        f = next((h for h in same if h[2] == g[2]), None) or next((h for h in same if not h[2]), None)
-        return None if f == g else f
+    ref = lambda g: reference_group(res, g)  # noqa: E731
 
     def base_row(g, harm, adversary, metric):
         return dict(dataset=g[0], method=g[1], variant=g[2], harm=harm, adversary=adversary, metric=metric,
@@ -205,15 +233,16 @@ def scorecard(res: T.Results) -> list[dict]:
     for r, d in zip(tested, S.holm_calls([r["_d"] for r in tested])):   # Holm over every tested Δ of the scorecard
         r["_d"] = d
     for r in with_d:
-        d = r["_d"]
+        d = cut_diff(r["_d"], r["metric"].split("|")[0])
         r |= dict(diff_ref=_fmt(d["mean"]), diff_ref_ci_low=_fmt(d["lo"]), diff_ref_ci_high=_fmt(d["hi"]),
                   diff_n=d["n"], diff_p_holm=_fmt(d.get("p_holm")),
                   diff_call="not resolvable" if r.get("_unresolved") else d["call"])
-    return [{k: r.get(k, "") for k in FIELDS} for r in rows]
+    from .compare import any_channel_rows   # compare reads this module's selections
+    return any_channel_rows(res, [{k: r.get(k, "") for k in FIELDS} for r in rows])
 
 
 def _accuracy_rows(res: T.Results, ref, base_row) -> list[dict]:
-    acc, rows = _accuracy(res), []
+    acc, rows = accuracy_by_run(res), []
     conv = defaultdict(list)
     for r in res.ok:
         if r.get("converged") not in (None, ""):
@@ -241,12 +270,21 @@ def _accuracy_rows(res: T.Results, ref, base_row) -> list[dict]:
     return rows
 
 
+def selections(res: T.Results) -> dict:
+    """{(group, harm, role, setting): {run: the held-out choice of ``_select``}}, computed once per Results (with
+    ``res.cache["side"]``: the reconstruction companions and CPU costs by ``cells.side_key``)."""
+    if "chosen" not in res.cache:
+        const, final, side = _constant_baseline(res), T.final_privacy(res), C.cpu_seconds(res.leakage)
+        res.cache["chosen"] = {key: {run: _select(run, cs, const) for run, cs in sorted(per_run.items())}
+                               for key, per_run in _candidates(res, final, side).items()}
+        res.cache["side"] = side
+    return res.cache["chosen"]
+
+
 def _leakage_rows(res: T.Results, ref, base_row) -> list[dict]:
     """One row per (group, harm, adversary, setting); then Δ between cells (the same setting by the key) that both
     beat their baselines, over the runs whose chosen attack, prior and budget are the same in both."""
-    const, final = _constant_baseline(res), T.final_privacy(res)
-    chosen = {key: {run: _select(run, cs, const) for run, cs in sorted(per_run.items())}
-              for key, per_run in _candidates(res, final).items()}
+    final, chosen = T.final_privacy(res), selections(res)
     order = {g: i for i, g in enumerate(res.groups())}
     rows, cellrow = [], {}
     for key, sel in sorted(chosen.items(), key=lambda kv: (order.get(kv[0][0], 0), list(HARMS).index(kv[0][1]),
@@ -307,6 +345,8 @@ def _cell(res: T.Results, key: tuple, sel: dict, final: dict) -> dict:
     row |= dict(value=_fmt(m), ci_low=_fmt(cut(lo)), ci_high=_fmt(cut(hi)), baseline=_fmt(b),
                 baseline_ci_low=_fmt(cut(blo)), baseline_ci_high=_fmt(cut(bhi)), _above=above)
     row |= C.psnr_headlines(metric, sel, seed) | pool | dict(_resolvable=pool.get("_resolvable", True))
+    if harm == "reconstruction" and mi.unit != "dB":
+        row |= C.recon_side(sel, res.cache["side"], seed)
     if b == (mi.hi if mi.higher else mi.lo):
         row["reading"] = "vacuous: the trivial baseline is already perfect (what the victim's name gives)"
     elif not row["_resolvable"]:
@@ -316,32 +356,13 @@ def _cell(res: T.Results, key: tuple, sel: dict, final: dict) -> dict:
     return row
 
 
-def _accuracy(res: T.Results) -> dict:
+def accuracy_by_run(res: T.Results) -> dict:
     """{group: {(target, seed): held-out accuracy}} of the finished runs."""
     acc = defaultdict(dict)
     for r in res.ok:
         if r.get("target_acc") is not None:
             acc[T.gkey(r)][(r["target"], r["seed"])] = float(r["target_acc"])
     return acc
-
-
-def accuracy_differences(res: T.Results) -> list[dict]:
-    """Every pair of methods of a dataset (and variant): the paired difference of held-out accuracy by target
-    and seed (``stats.paired_values``: mean over targets, Student-t interval stratified by target, n paired runs),
-    Holm-adjusted over all the pairs of the report, and its call."""
-    acc = _accuracy(res)
-    out, gs = [], [g for g in res.groups() if g in acc]
-    for i, a in enumerate(gs):
-        for b in gs[i + 1:]:
-            if a[0] != b[0]:
-                continue
-            common = sorted(set(acc[a]) & set(acc[b]))
-            if not common:
-                continue
-            d = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
-                                np.array([k[0] for k in common]))
-            out.append(dict(d, dataset=a[0], a=res.label(a), b=res.label(b), diff=d["mean"]))
-    return S.holm_calls(out)
 
 
 def per_victim(res: T.Results, metric: str = "psnr") -> list[dict]:

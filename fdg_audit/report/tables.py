@@ -23,7 +23,9 @@ import numpy as np
 from ..ledger import Ledger
 from ..metrics.registry import stronger
 from ..runfolder import RunFolder
-from .formatting import num
+from .formatting import clean, num
+
+LABEL_CHARS = 120
 from .traffic import gkey
 
 
@@ -55,6 +57,7 @@ class Results:
     notes: list = field(default_factory=list)
     reference: str = ""     # summary.json's "reference": the method (registered name) the Δ columns compare with
     published: dict = field(default_factory=dict)   # the scenario's [reference]: published numbers to print beside
+    cache: dict = field(default_factory=dict)       # what the report computes once (scorecard.selections)
 
     @property
     def ok(self) -> list:
@@ -67,9 +70,10 @@ class Results:
         return list(dict.fromkeys(gkey(r) for r in self.ok))
 
     def label(self, g) -> str:
-        """Display name of a group: method+variant, prefixed by the dataset when there are several."""
+        """Display name of a group: method+variant, prefixed by the dataset when there are several; one visible line of
+        at most LABEL_CHARS characters (``formatting.clean``)."""
         many = len({k[0] for k in self.groups()}) > 1
-        return (f"{g[0]}/" if many else "") + f"{g[1]}{g[2]}"
+        return clean((f"{g[0]}/" if many else "") + f"{g[1]}{g[2]}", LABEL_CHARS)
 
 
 def _reference(res: Results, refs: list) -> None:
@@ -221,14 +225,6 @@ def leakage_table(res: Results) -> list[dict]:
                          baseline=stat(r["baseline"] for r in rs), top=top, runs=len(rs),
                          adversary=rs[0].get("adversary", ""), status=bad[0] if bad else "ok"))
     return rows
-
-
-def pareto_front(points: list[tuple[float, float]], higher: bool = True) -> list[bool]:
-    """Which (leakage, accuracy) points are Pareto-optimal: no other point has at least the accuracy and at
-    most the leakage, and is strictly better in one. ``higher``: larger leakage values mean more leakage."""
-    p = [((x if higher else -x), y) for x, y in points]
-    return [not any(q[0] <= a[0] and q[1] >= a[1] and (q[0] < a[0] or q[1] > a[1]) for q in p)
-            for a in p]
 
 
 def membership_scores(res: Results) -> dict:

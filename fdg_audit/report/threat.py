@@ -59,3 +59,36 @@ def capabilities(desc: dict, output: str) -> str:
 def setting(desc: dict, output: str) -> str:
     """The setting of an output the attack reports in a scorecard row of its own ("" = the harm's main row)."""
     return str((desc.get("rows") or {}).get(_key(output), ""))
+
+
+def legend_md(res) -> list[str]:
+    """One legend table of the attacks behind the scorecard: each attack's threat model, stated once per output
+    variant (instead of on every row), and what every reconstruction row states: alignment, baseline kind, plateau
+    criterion (leakage.csv columns), CPU seconds and iterations per victim (its ``cpu_seconds`` / ``iterations`` rows,
+    mean over them)."""
+    from .formatting import md_table
+    used = list(dict.fromkeys([r["attack"] for r in res.leakage] + [f["attack"] for f in res.items]))
+    if not used:
+        return []
+    mode = lambda rs, k: " | ".join(dict.fromkeys(str(r[k]) for r in rs if r.get(k) not in (None, ""))) or "—"  # noqa
+    avg = lambda v, d: f"{sum(v) / len(v):.{d}f} (n = {len(v)})" if v else "—"  # noqa: E731
+    body = []
+    for a in used:
+        desc = res.attacks.get(a, {})
+        for o in ["main"] + [k for k in desc.get("outputs", {}) if k]:
+            rs = [r for r in res.leakage if r["attack"] == a and (r.get("output") or "main") == o]
+            cost = {m: [r["value"] for r in rs if r["metric"] == m and r["value"] == r["value"]]
+                    for m in ("cpu_seconds", "iterations")}
+            body.append([a, o, mode(rs, "adversary"), mode(rs, "artifact"), prior(desc, o) or "—",
+                         budget(desc, o) or "—", capabilities(desc, o) or "—", assumes(desc, o) or "—",
+                         mode(rs, "alignment"), mode(rs, "baseline_kind"), mode(rs, "plateau"),
+                         avg(cost["cpu_seconds"], 2), avg(cost["iterations"], 0)])
+    return ["## Attacks and their threat models", "",
+            "One line per attack and output variant (attacks.json and leakage.csv): what it reads (adversary, "
+            "channel), its image prior (oracle: an upper bound, never a headline), budget (iterations x restarts), "
+            "what the attacker knows and assumes; for reconstructions how images are matched (alignment), "
+            "which trivial "
+            "baseline it is scored against, when it stops (plateau criterion) and its mean CPU seconds and iterations "
+            "per victim.", "",
+            md_table(["attack", "variant", "adversary", "channel", "prior", "budget", "knows", "assumes", "alignment",
+                      "baseline", "plateau", "CPU s / victim", "iterations / victim"], body), ""]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .formatting import ARROW, human_bytes, md_table
+from .formatting import ARROW, human_bytes, md_table, md_text
 
 
 def gkey(r: dict) -> tuple:
@@ -110,9 +110,10 @@ def bytes_md(res, by: dict, images: list[str]) -> list[str]:
         for (kind, d), v in b["kinds"].items():
             body.append([label, kind, ARROW[d], human_bytes(v["once"]), human_bytes(v["per_round"]),
                          human_bytes(v["total"])])
-        body.append([f"**{label}**", "**all**", "", human_bytes(b["once"]), human_bytes(b["per_round"]),
+        body.append([label, "all (total)", "", human_bytes(b["once"]), human_bytes(b["per_round"]),
                      human_bytes(b["total"])])
     md += [md_table(["method", "artifact kind", "dir", "round 0 (once)", "per round", "total per run"], body), ""]
     md += ["Artifact kinds that left each client:", ""]
-    md += [f"- {label}: " + "; ".join(client_lines(b["clients"]) or ["none"]) for label, b in same_bytes(res, by)]
+    md += [f"- {md_text(label, 200)}: " + md_text("; ".join(client_lines(b["clients"]) or ["none"]))
+           for label, b in same_bytes(res, by)]
     return md + [""] + images + [""]

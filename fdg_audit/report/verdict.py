@@ -3,8 +3,8 @@ scorecard.csv), and the list of which accuracy differences between methods are r
 from __future__ import annotations
 
 from ..metrics.registry import info
-from . import scorecard as SC
-from .formatting import ci, num
+from .formatting import ci, md_text, num
+from .scorecard import ANY_CHANNEL
 
 
 def clears(row: dict) -> bool:
@@ -27,16 +27,33 @@ def _cell(r: dict) -> str:
     return f"{_harm(r)} ({r['adversary']})"
 
 
-def _pm(r: dict, key: str, d: int, unit: str = "") -> str:
-    """"v [lo, hi]" of one of a row's side numbers (``key`` with ``key``_ci_low/high when present)."""
-    v, lo, hi = (num(r.get(k)) for k in (key, f"{key.split('_')[0]}_ci_low", f"{key.split('_')[0]}_ci_high"))
-    return "n/a" if v != v else f"{v:.{d}f}{unit}" + ("" if lo != lo else f" [{lo:.{d}f}, {hi:.{d}f}]")
+def _pm(r: dict, key: str, d: int, unit: str = "", ci: str = "") -> str:
+    """"v [lo, hi]" of one of a row's side numbers (``key`` with ``ci``_ci_low/high when present; ``ci`` defaults to
+    ``key`` up to its first "_")."""
+    ci = ci or key.split("_")[0]
+    v, lo, hi = (num(r.get(k)) for k in (key, f"{ci}_ci_low", f"{ci}_ci_high"))
+    return "n/a" if v != v else f"{v:.{d}f}" + ("" if lo != lo else f" [{lo:.{d}f}, {hi:.{d}f}]") + unit
+
+
+def _recon(r: dict) -> str:
+    """A re-identification cell's companions: the same attack's aligned PSNR, shares at >= 20 / >= 25 dB (each with
+    the baseline's) and CPU seconds per victim."""
+    b = lambda k, d, u="": "" if num(r.get(k)) != num(r.get(k)) else f" (baseline {num(r[k]):.{d}f}{u})"  # noqa
+    has = lambda k: r.get(k) not in ("", None)  # noqa: E731
+    out = [f"aligned PSNR {_pm(r, 'psnr', 1, ' dB')}{b('baseline_psnr', 1, ' dB')}"] if has("psnr") else []
+    out += [f">= {t} dB: {_pm(r, f'success_{t}dB', 2, ci=ci)}{b(f'baseline_success_{t}dB', 2)}"
+            for t, ci in (("20", "success_20dB"), ("25", "success")) if has(f"success_{t}dB")]
+    if has("cpu_seconds"):
+        out.append(f"{num(r['cpu_seconds']):.3g} CPU s per victim")
+    return "; ".join(out)
 
 
 def side(r: dict) -> str:
-    """A cell's numbers beside its value, in words: a dB cell's share of images at >= 25 dB and median (the PSNR
-    headlines, with the baseline's); a membership cell's pool, smallest detectable AUC and TPR at low FPR (n/a where
-    the pool has too few non-members); "" otherwise."""
+    """A cell's numbers beside its value, in words: a re-identification cell's PSNR companions (``_recon``); a dB
+    cell's share of images at >= 25 dB and median (the PSNR headlines, with the baseline's); a membership cell's pool,
+    smallest detectable AUC and TPR at low FPR (n/a where the pool has too few non-members); "" otherwise."""
+    if r["harm"] == "reconstruction" and info(r["metric"].split("|")[0]).unit != "dB":
+        return _recon(r)
     if r.get("success_25dB") not in ("", None):
         return (f">= 25 dB: {_pm(r, 'success_25dB', 2)} (baseline {num(r['baseline_success_25dB']):.2f}); median "
                 f"{_pm(r, 'median', 1, ' dB')} (baseline {num(r['baseline_median']):.1f} dB)")
@@ -55,11 +72,14 @@ def _method(rows: list[dict], reference: str, is_ref: bool) -> str:
              + ")" for r in leak if clears(r)]
     out = ["Measured above baseline (the whole 95% interval beyond the baseline's, no control failed): "
            + "; ".join(above) + "." if above else "No harm is measured above its baseline at these budgets."]
-    calls = {c: [r for r in leak if r["diff_call"] == c] for c in ("distinguishable", "not distinguishable")}
-    if calls["distinguishable"]:
-        out.append(f"Distinguishable from {reference} (Holm-adjusted): " + "; ".join(
-            f"{_cell(r)} Δ {ci(dict(r, diff_call=''), 'diff_ref')} (n = {r['diff_n']}, "
-            f"p = {num(r['diff_p_holm']):.3g})" for r in calls["distinguishable"]) + ".")
+    calls = {c: [r for r in leak if r["diff_call"] == c] for c in ("distinguishable", "borderline",
+                                                                   "not distinguishable")}
+    for c, say in (("distinguishable", "Distinguishable from"), ("borderline", "Borderline (not a firm claim) "
+                                                                              "against")):
+        if calls[c]:
+            out.append(f"{say} {reference} (Holm-adjusted): " + "; ".join(
+                f"{_cell(r)} Δ {ci(dict(r, diff_call=''), 'diff_ref')} (n = {r['diff_n']}, "
+                f"p = {num(r['diff_p_holm']):.3g})" for r in calls[c]) + ".")
     if calls["not distinguishable"]:
         out.append(f"Not distinguishable from {reference}: "
                    + ", ".join(map(_cell, calls["not distinguishable"])) + ".")
@@ -86,36 +106,42 @@ def verdict_md(res, card: list[dict]) -> list[str]:
     resolved, and the accuracy cost."""
     ref = res.reference or "the reference"
     md = ["", "## Verdict", "",
-          f"From the scorecard below: Δ is the paired difference to {ref} (the scenario's reference method). \"No "
-          "reconstruction at this budget\" is no evidence of safety at a larger one.", ""]
+          f"From the scorecard below: Δ is the paired difference to {ref} (the scenario's reference method) between "
+          "cells of the same attack. Calls on the Holm-adjusted p: distinguishable below 0.01, borderline from 0.01 "
+          "to 0.1 (not a firm claim: such calls flip between seed sets and machines), not distinguishable from 0.1 "
+          "on. \"No reconstruction at this budget\" is no evidence of safety at a larger one.", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
-        md += [f"### {ds}", ""] if len({r["dataset"] for r in card}) > 1 else []
-        mine = [r for r in card if r["dataset"] == ds]
+        md += [f"### {md_text(ds, 120)}", ""] if len({r["dataset"] for r in card}) > 1 else []
+        mine = [r for r in card if r["dataset"] == ds and r["setting"] != ANY_CHANNEL]   # its Δ: "Between methods"
         refs = {r["reference"] for r in mine if r["reference"]}
         for m in dict.fromkeys((r["method"], r["variant"]) for r in mine):
             rows = [r for r in mine if (r["method"], r["variant"]) == m]
             name = next((r["reference"] for r in rows if r["reference"]), None) or next(iter(sorted(refs)), ref)
-            md.append(f"- **{''.join(m)}**: {_method(rows, name, res.label((ds,) + m) in refs)}")
+            md.append(f"- **{md_text(''.join(m), 120)}**: "
+                      + md_text(_method(rows, name, res.label((ds,) + m) in refs), 20000))
         md.append("")
     return md
 
 
-def differences_md(res) -> list[str]:
-    diffs = SC.accuracy_differences(res)
+def differences_md(comps: list[dict]) -> list[str]:
+    """Which accuracy differences are real, from ``compare.between`` (one Holm family with the leakage pairs)."""
+    diffs = [c for c in comps if c["harm"] == "accuracy"]
     if not diffs:
         return []
     md = ["### Which accuracy differences are real", "",
           "Paired by held-out target and seed: the mean over targets of the difference of held-out accuracy, its "
           "95% Student-t interval (stratified by target) and n, the number of paired runs; p is the t-test's "
-          f"p-value Holm-adjusted over the {len(diffs)} comparisons of this report. Distinguishable: adjusted "
-          "p < 0.05; below 3 paired runs a difference is not testable.", ""]
+          f"p-value Holm-adjusted over the {len(comps)} comparisons between methods of this report (accuracy and "
+          "leakage, section \"Between methods\"). Distinguishable: adjusted p < 0.01; borderline: 0.01 <= p < 0.1 "
+          "(not a firm claim); not distinguishable: p >= 0.1; below 3 paired runs a difference is not testable.", ""]
     for ds in dict.fromkeys(d["dataset"] for d in diffs):
         rs = [d for d in diffs if d["dataset"] == ds]
         say = lambda call: "; ".join(  # noqa: E731
             f"{d['a']} − {d['b']} = {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] (n = {d['n']}, "
             f"p = {d['p_holm']:.3g})" if call != "not testable" else f"{d['a']} − {d['b']} (n = {d['n']})"
             for d in rs if d["call"] == call) or "none"
-        md += [f"- **{ds}**: distinguishable: {say('distinguishable')}. Not distinguishable: "
-               f"{say('not distinguishable')}." + (f" Not testable: {say('not testable')}."
-                                                  if any(d["call"] == "not testable" for d in rs) else "")]
-    return md + [""]
+        md += [md_text(f"{ds}: distinguishable: {say('distinguishable')}. Borderline: {say('borderline')}. "
+                       f"Not distinguishable: {say('not distinguishable')}."
+                       + (f" Not testable: {say('not testable')}." if any(d["call"] == "not testable" for d in rs)
+                          else ""), 20000)]
+    return md[:4] + [f"- {line}" for line in md[4:]] + [""]

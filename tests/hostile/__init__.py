@@ -1,0 +1,127 @@
+"""Hostile attack plugins (issue 35): each tries one way across the trust boundary from inside its worker. The tests
+(tests/test_hostile.py) run them under bubblewrap as the user running the suite (root on CI and in containers). A
+plugin reports what it reached as a ``Skipped`` reason (JSON), or breaks the result protocol on purpose; this package
+imports only fdg_audit, so under bubblewrap nothing else of tests/ is exposed."""
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fdg_audit.api.attack import Attack, AttackParams, Scores, Skipped
+
+
+@dataclass
+class Params(AttackParams):
+    paths: list = field(default_factory=list)   # files the plugin tries to change or read (the test names them)
+    canary: str = ""                             # a value set only in the harness's environment
+    how: str = ""                                # which break to try (Protocol, Keeper)
+    target: str = ""                             # a file outside the view (Protocol: "link")
+    mb: int = 0                                  # MB to allocate (Protocol: "memory")
+
+
+def _remount_rw(path: str) -> str:
+    """MS_REMOUNT | MS_BIND without MS_RDONLY: makes a read-only bind writable, given CAP_SYS_ADMIN."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ok = libc.mount(None, path.encode(), None, 32 | 4096, None) == 0
+    return "remounted" if ok else os.strerror(ctypes.get_errno())
+
+
+class Root(Attack):
+    """As root inside the sandbox: its capabilities, remounting and appending to each of ``paths``, and the
+    harness's environment through /proc (every process visible, PID 1 = bubblewrap itself)."""
+    name = "hostile_root"
+    consumes = ("weights",)
+    Params = Params
+
+    def run(self, view, aux):
+        status = Path("/proc/self/status").read_text()
+        got = dict(uid=os.getuid(), cap_eff=next(x.split()[1] for x in status.splitlines() if x.startswith("CapEff")))
+        for p in self.p.paths:
+            got[p] = _remount_rw(str(Path(p).parent))
+            try:
+                with open(p, "a") as f:
+                    f.write("\n# written from inside the sandbox\n")
+                got[p] += ", written"
+            except OSError as e:
+                got[p] += f", {e.strerror}"
+        seen = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and self.p.canary and self.p.canary.encode() in (d / "environ").read_bytes():
+                    seen.append(d.name)
+            except OSError:
+                pass
+        got["canary_in"] = seen
+        return [Skipped(view.me, "weights", 1, json.dumps(got))]
+
+
+class Protocol(Attack):
+    """Breaks the result protocol: ``how`` = "link" (result.npz a link to ``target``), "fifo", "pickle" (an object
+    array), "victim" (a victim name that walks out of the folder), "memory" (allocates ``mb`` MB), "hang"
+    (never returns), "ok" (a plain valid output, the control)."""
+    name = "hostile_protocol"
+    consumes = ("weights",)
+    aux = ("candidates",)
+    Params = Params
+
+    def run(self, view, aux):
+        how = self.p.how
+        victim = view.clients[0]
+        if how in ("link", "fifo", "pickle"):
+            os.symlink(self.p.target, "result.npz") if how == "link" else os.mkfifo("result.npz") if how == "fifo" \
+                else np.savez("result.npz", meta=np.array([{"x": 1}], dtype=object))
+            os._exit(0)   # leave it there as the worker's answer
+        if how == "memory":
+            np.ones(self.p.mb * 2 ** 20, np.uint8)
+        if how == "hang":
+            import time
+            while True:
+                time.sleep(1)
+        if how == "victim":
+            victim = "../../../../tmp/x"
+        return [Scores(victim, "weights", 1, np.zeros(len(aux.candidates[view.clients[0]])))]
+
+
+class BadParams(Attack):
+    """A self-description the harness must not trust: ``__post_init__`` turns targets or seeds into junk."""
+    name = "hostile_params"
+    consumes = ("weights",)
+
+    @dataclass
+    class Params(AttackParams):
+        junk: str = "targets"
+
+        def __post_init__(self):
+            if self.junk == "targets":
+                self.targets = 5
+            else:
+                self.seeds = ["x"]
+
+    def run(self, view, aux):
+        return []
+
+
+class Keeper(Attack):
+    """The attacker-side cache: reports whether ``view.cached("state")`` held what an earlier job kept, tries to
+    change the cache from inside, and keeps (when the cache is empty, or ``how`` is not "ok") by ``how``: "ok" (an
+    int array under "state"), "dotdot" (a key that walks out), "object" (an object array)."""
+    name = "hostile_keeper"
+    consumes = ("weights",)
+    Params = Params
+
+    def run(self, view, aux):
+        before = view.cached("state")
+        got = dict(cached=None if before is None else before["x"].tolist())
+        try:
+            (Path(view.cache_dir) / "state.npz").write_bytes(b"overwritten from inside")
+            got["wrote"] = True
+        except OSError as e:
+            got["wrote"] = e.strerror
+        key, arr = {"dotdot": ("../../escape", np.arange(3)),
+                    "object": ("state", np.array([{"a": 1}], dtype=object))}.get(self.p.how, ("state", np.arange(4)))
+        if before is None or self.p.how != "ok":   # kept once: a later job's write would mask a changed cache
+            view.keep(key, {"x": arr})
+        return [Skipped(view.me, "weights", 1, json.dumps(got))]

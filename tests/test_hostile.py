@@ -1,0 +1,222 @@
+"""The trust boundary, round 3 (issue 35): hostile plugins (tests/hostile/) run under bubblewrap as the user running
+the suite (root on CI): the sandbox holds as root, results are data, every worker ends, every input is checked."""
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fdg_audit.errors import UserError
+from fdg_audit.harness import run_attacks
+from fdg_audit.sandbox import bwrap_works
+
+from conftest import leakage_rows
+from test_trust import ENV, copy, one_line_error, root  # noqa: F401  (fixtures: a finished run folder and a copy)
+
+HOSTILE = Path(__file__).parent / "hostile"
+CODE = dict(ENV, PYTHONPATH=os.pathsep.join([str(Path(__import__("fdg_audit").__file__).parents[1]),
+                                            ENV["PYTHONPATH"]]))   # subprocesses run the fdg_audit under test
+needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="needs bubblewrap (apt-get install bubblewrap)")
+
+
+def _reason(folder, label: str) -> dict:
+    (r,) = leakage_rows(folder, attack=label, metric="skipped")
+    return json.loads(r["status"].removeprefix("skipped: "))
+
+
+def _settings(folder: Path, **kv) -> None:
+    """Top-level scenario settings in the folder's config.resolved.toml (before its first table)."""
+    cfg = folder / "config.resolved.toml"
+    cfg.write_text("".join(f"{k} = {v}\n" for k, v in kv.items()) + cfg.read_text())
+
+
+@needs_bwrap
+def test_root_in_the_sandbox_has_no_capabilities_no_writable_mount_and_no_harness_environment(
+        copy, tmp_path, monkeypatch):  # noqa: F811
+    """Break 1 and 3: as root the worker kept CAP_SYS_ADMIN, remounted its read-only plugin source and appended to
+    it; bubblewrap itself (PID 1 inside) carried the harness's environment. The same plugin as a plain process is
+    the control: there the append lands."""
+    shutil.copytree(HOSTILE, tmp_path / "hostile_root_copy")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = tmp_path / "hostile_root_copy" / "__init__.py"
+    canary = "fdg-canary-" + secrets.token_hex(8)
+    monkeypatch.setenv("FDG_TEST_CANARY", canary)
+    before = target.read_text()
+    cfg = {"name": "hostile_root_copy:Root", "paths": [str(target)], "canary": canary}
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", "bwrap")
+    run_attacks(copy, [cfg], quiet=True)
+    got = _reason(copy, "hostile_root")
+    assert got["cap_eff"] == "0000000000000000", got
+    assert "written" not in got[str(target)] and target.read_text() == before, got
+    assert got["canary_in"] == [], got
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", "process")
+    run_attacks(copy, [cfg], quiet=True)
+    assert "written" in _reason(copy, "hostile_root")[str(target)] and target.read_text() != before
+
+
+@needs_bwrap
+def test_a_namespace_package_named_like_the_runs_folder_reaches_no_truth(root, tmp_path):  # noqa: F811
+    """Break 2: from the project root, ``attack runs/... --attacks runs.<ns>:Evil`` bound <project>/runs (truth
+    included) into the sandbox. Now only the plugin's Python files are: it loads, runs and finds no truth/."""
+    proj = tmp_path / "proj"
+    shutil.copytree(root, proj / "runs" / "tr" / "copy")
+    (proj / "runs" / "evilns").mkdir()
+    (proj / "runs" / "evilns" / "mod.py").write_text(
+        "from pathlib import Path\nfrom fdg_audit.api.attack import Attack, Skipped\n"
+        "TRUTH = Path(__file__).resolve().parents[1] / 'tr' / 'copy' / 'truth'\n"
+        "class Evil(Attack):\n    name = 'evil'\n    consumes = ('weights',)\n"
+        "    def __init__(self, params=None, device='cpu'):\n        super().__init__(params, device)\n"
+        "        self.seen = sorted(p.name for p in TRUTH.rglob('*')) if TRUTH.exists() else []\n"
+        "    def run(self, view, aux):\n        return [Skipped(view.me, 'weights', 1, 'seen ' + repr(self.seen))]\n")
+    assert any((proj / "runs" / "tr" / "copy" / "truth").rglob("*"))
+    p = subprocess.run([sys.executable, "-m", "fdg_audit", "attack", "runs/tr/copy", "--attacks",
+                        "runs.evilns.mod:Evil", "--quiet"], cwd=proj, env=dict(CODE, FDG_AUDIT_SANDBOX="bwrap"),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    (r,) = leakage_rows(proj / "runs" / "tr" / "copy", attack="evil", metric="skipped")
+    assert r["status"] == "skipped: seen []", r["status"]
+
+
+ALL = ("ok", "link", "fifo", "pickle", "victim", "memory", "hang")
+
+
+def _protocol(copy, sandbox: str, monkeypatch, capsys, hows=ALL):  # noqa: F811
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
+    _settings(copy, attack_timeout=45, attack_memory_gb=1)
+    capsys.readouterr()
+    outside = copy / "summary.json"
+    cfgs = [{"name": "hostile:Protocol", "label": f"p_{h}", "how": h, "target": str(outside), "mb": 1500}
+            for h in hows]
+    run_attacks(copy, cfgs, quiet=True)
+    rows = {h: leakage_rows(copy, attack=f"p_{h}") for h in hows}
+    assert {r["metric"] for r in rows["ok"]} >= {"auc"} and all(r["status"] == "ok" for r in rows["ok"]), rows["ok"]
+    want = dict(link="other than a regular file", fifo="other than a regular file", pickle="not plain arrays and JSON",
+                victim="is not a client of run", memory="MemoryError", hang="longer than attack_timeout = 45 s")
+    want = {h: want[h] for h in hows if h != "ok"}
+    for h, needle in want.items():
+        assert [r["metric"] for r in rows[h]] == ["failed"], (h, rows[h])
+        assert needle in rows[h][0]["status"] and "\n" not in rows[h][0]["status"], (h, rows[h][0]["status"])
+    err = capsys.readouterr().err
+    assert len([x for x in err.splitlines() if x.startswith("attack p_")]) == len(want) == len(err.splitlines()), err
+    assert outside.read_text()[:20] not in (copy / "leakage.csv").read_text()
+    return rows
+
+
+def test_results_are_data_and_every_worker_ends(copy, monkeypatch, capsys):  # noqa: F811
+    """Breaks 4, 5 (victim) and 7 (no limits): result.npz left as a link to a file outside the view, as a FIFO, or as
+    a pickle; a victim that walks out of the folder; 1.5 GB under a 1 GB limit; a run that never returns. Each is its
+    attack's one failed row; a plain attack beside them is scored."""
+    _protocol(copy, "process", monkeypatch, capsys)
+
+
+@needs_bwrap
+def test_results_are_data_under_bubblewrap(copy, monkeypatch, capsys):  # noqa: F811
+    """The same under bubblewrap (a fresh interpreter per worker: only a link, a pickle and a worker that never
+    ends, whose whole sandbox is stopped)."""
+    _protocol(copy, "bwrap", monkeypatch, capsys, ("ok", "link", "pickle", "hang"))
+
+
+@pytest.mark.parametrize("junk,needle", [("targets", ".targets = 5: use a list of domain names"),
+                                         ("seeds", ".seeds = ['x']: use a list of integer seeds")])
+def test_a_self_description_the_harness_cannot_use_is_one_line(copy, junk, needle):  # noqa: F811
+    """Break 5: ``Params.__post_init__`` set targets = 5 or seeds = ['x']: a TypeError/ValueError traceback."""
+    with pytest.raises(UserError, match=needle.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        run_attacks(copy, [{"name": "hostile:BadParams", "junk": junk}], quiet=True)
+
+
+@pytest.mark.parametrize("sandbox", ["process", pytest.param("bwrap", marks=needs_bwrap)])
+def test_the_attack_cache_is_shared_read_only_and_checked(copy, monkeypatch, sandbox):  # noqa: F811
+    """view.keep / view.cached: a second job of the attack reads what the first kept; neither can change the cache
+    from inside; a key that walks out or an object array is that job's one failed row."""
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
+    cache = copy / "attack_cache" / "hostile_keeper"
+    run_attacks(copy, [{"name": "hostile:Keeper"}], quiet=True)
+    first = _reason(copy, "hostile_keeper")
+    assert first["cached"] is None
+    stored = np.load(cache / "state.npz", allow_pickle=False)["x"]
+    assert stored.tolist() == [0, 1, 2, 3]
+    run_attacks(copy, [{"name": "hostile:Keeper"}], quiet=True)
+    second = _reason(copy, "hostile_keeper")
+    assert second["cached"] == [0, 1, 2, 3], second
+    assert second["wrote"] is not True or sandbox == "process", second   # without bubblewrap: its own copy
+    assert np.load(cache / "state.npz", allow_pickle=False)["x"].tolist() == [0, 1, 2, 3]
+    for how, needle in (("dotdot", "view.keep key '../../escape'"), ("object", "is not a float or integer array")):
+        run_attacks(copy, [{"name": "hostile:Keeper", "how": how}], quiet=True)
+        (r,) = leakage_rows(copy, attack="hostile_keeper")
+        assert r["metric"] == "failed" and needle in r["status"], r
+    assert sorted(p.name for p in (copy / "attack_cache").rglob("*")) == ["hostile_keeper", "state.npz"]
+
+
+# ------------------------------------------------------------------------------------------ inputs (break 6, 7)
+
+def test_a_leakage_csv_without_its_columns_is_one_line_before_any_work(copy, capsys, monkeypatch):  # noqa: F811
+    (copy / "leakage.csv").write_text("a,b\n1,2\n")
+    import fdg_audit.harness as H
+    monkeypatch.setattr(H, "load_runs", lambda root: pytest.fail("work started before the check"))
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "dataset_size"], "lacks the column(s) run, attack")
+
+
+def test_names_and_labels_have_a_length_limit(copy, capsys):  # noqa: F811
+    one_line_error(capsys, ["attack", str(copy), "--attacks", "x" * 300_000], "1 to 200 characters")
+
+
+def test_deeply_nested_json_is_exit_code_2(copy, capsys):  # noqa: F811
+    (copy / "attacks.json").write_text("[" * 100_000 + "]" * 100_000)
+    err = one_line_error(capsys, ["report", str(copy)], "nests too deeply")
+    assert len(err) < 300
+
+
+SCEN = """
+name = "s"
+{top}
+[data]
+dataset = "digits"
+family = "rotated"
+domains = ["rot0", "rot15"]
+per_domain = 20
+[train]
+rounds = 2
+"""
+
+
+@pytest.mark.parametrize("top,sets,needle", [
+    ("", ["datasets.0.client_sizes=[0,-5]"], "the scenario has no [[datasets]] entries to change (this scenario has "
+                                             "a [data] table"),
+    ("", ["methods.fedavg.lr=0.1"], "the scenario has no [[methods]] entries"),
+    ("store_rounds = [1, 3]", [], "store_rounds = [1, 3] names rounds beyond the last (2)"),
+    ("attack_timeout = 0", [], "attack_timeout = 0"),
+    ("", ["data.label=" + "a" * 100_000], "use 1 to 200 letters"),
+])
+def test_scenario_inputs_are_checked(tmp_path, capsys, top, sets, needle):
+    f = tmp_path / "s.toml"
+    f.write_text(SCEN.format(top=top))
+    argv = ["scenario", str(f), "--out", str(tmp_path / "runs"), "--quiet"] + [x for s in sets for x in ("--set", s)]
+    err = one_line_error(capsys, argv, needle)
+    assert len(err) < 400 and not (tmp_path / "runs").exists()
+
+
+def test_a_list_table_is_addressed_by_position_too(tmp_path):
+    from fdg_audit.scenario import load_raw, parse
+    f = tmp_path / "s.toml"
+    f.write_text(SCEN.format(top="").replace("[data]", "[[datasets]]"))
+    sc = parse(load_raw(f, ["datasets.0.per_domain=30"]))
+    assert sc.datasets[0].per_domain == 30
+
+
+@pytest.mark.parametrize("delay", [3.0, 8.0])
+def test_sigint_at_any_moment_is_one_line(copy, delay):  # noqa: F811
+    """Break 6: Ctrl-C while workers start or finish printed a worker's FileNotFoundError traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "fdg_audit", "attack", str(copy), "--attacks", "dataset_size",
+                          "mia_loss", "--quiet"], env=dict(CODE, FDG_AUDIT_SANDBOX="auto"), stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    time.sleep(delay)
+    os.killpg(p.pid, signal.SIGINT)   # the terminal's Ctrl-C: the whole foreground process group
+    err = p.communicate(timeout=300)[1]
+    assert p.returncode == 2 and err.count("\n") == 1 and err.startswith("error: interrupted"), err

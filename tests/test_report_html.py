@@ -1,0 +1,119 @@
+"""report.html in a real browser: a report built from a tiny run folder, rendered by headless Debian chromium at
+1280 x 900, shows page one's answer sentences and the trade-off figure on its first screen; the file is
+self-contained (images as data URIs, nothing fetched); text from a run folder is escaped in report.md and
+report.html."""
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fdg_audit.report import scorecard as SC
+from fdg_audit.report import tables as T
+from fdg_audit.report import write_report
+from fdg_audit.report.compare import between
+from fdg_audit.report.curves import by_size
+from fdg_audit.report.pageone import MAX_LINES, sentences
+from fdg_audit.report.traffic import bytes_table
+
+TINY = """
+name = "tiny_html"
+threads = 1
+seeds = [0, 1]
+[data]
+dataset = "digits"
+family = "rotated"
+per_domain = 40
+domains = ["rot0", "rot15", "rot30"]
+targets = ["rot0"]
+[model]
+arch = "cnn_small"
+[train]
+rounds = 1
+batch_size = 16
+[[methods]]
+name = "fedavg"
+[[methods]]
+name = "feddg"
+[[attacks]]
+name = "mia_loss"
+max_victims = 1
+"""
+
+W, H = 1280, 900
+# a measuring probe appended to a copy of the page: writes where page one's parts are into the DOM
+PROBE = """<script>var r=function(e){var b=e.getBoundingClientRect();return [b.left,b.top,b.width,b.height];};
+document.documentElement.dataset.layout=JSON.stringify({items:Array.from(document.querySelectorAll('#page-one li'))
+.map(r),figure:r(document.querySelector('#page-one img')),view:[innerWidth,innerHeight]});</script>"""
+
+
+def chromium(tmp_path, page, *args) -> str:
+    exe = shutil.which("chromium")
+    if not exe:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it): report.html is not tested in a browser")
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={W},{H}", *args, page.as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from conftest import public_split
+    from fdg_audit.runner import run_scenario
+    d = tmp_path_factory.mktemp("html")
+    (d / "tiny.toml").write_text(public_split(TINY))
+    return run_scenario(str(d / "tiny.toml"), [], out=str(d / "runs"), quiet=True)
+
+
+def test_the_first_screen_holds_the_answer_and_the_trade_off_figure(tiny, tmp_path):
+    page = tiny / "report.html"
+    src = page.read_text()
+    # self-contained: every image a data URI, nothing that names another place to fetch from
+    assert re.findall(r"<img [^>]*src=\"data:image/png;base64,", src)
+    assert not re.search(r"(src|href)=\"(?!data:|#)", src) and "http://" not in src and "https://" not in src
+    md = (tiny / "report.md").read_text().splitlines()
+    first = next(i for i, line in enumerate(md) if line.startswith("## ") and i > 2)
+    assert md[2] == "## The answer" and first <= MAX_LINES
+    res = T.load([tiny])
+    card = SC.scorecard(res)
+    said = sentences(res, card, between(res, card), by_size(res), bytes_table(res.envelopes, res.ok))
+    assert 1 <= len(said) <= 5
+    probe = tmp_path / "probe.html"
+    probe.write_text(src.replace("</body>", PROBE + "</body>"))
+    dom = chromium(tmp_path, probe, "--dump-dom")
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom.split('id="page-one"')[1].split("</section>")[0]))
+    import html
+    for s in said:                      # every sentence, as generated from the scorecard, is on page one
+        assert re.sub(r"\s+", " ", s) in html.unescape(text)
+    lay = json.loads(html.unescape(re.search(r'data-layout="([^"]+)"', dom).group(1)))
+    view = lay["view"][1]        # --dump-dom lays out below the window's height (757 of 900 px): stricter still
+    assert lay["view"][0] == W and view <= H and len(lay["items"]) == len(said)
+    assert all(0 <= top and top + h <= view for _, top, _, h in lay["items"])
+    x, y, w, h = lay["figure"]
+    assert 0 <= y and y + h <= view and w >= 300 and h >= 200  # the trade-off figure, whole, on the first screen
+    shot = tmp_path / "first.png"
+    chromium(tmp_path, page, f"--screenshot={shot}")
+    img = np.asarray(Image.open(shot).convert("L"), float)
+    assert img.shape == (H, W)
+    inside = img[int(y) + 2:int(y + h) - 2, int(x) + 2:int(x + w) - 2]
+    assert (inside < 200).mean() > 0.02                          # the figure is painted there, not blank
+
+
+def test_folder_text_is_escaped_and_truncated_in_report_md_and_html(tmp_path):
+    from test_report import fabricate
+    evil = "<script>alert(1)</script>\u200f|*b*\nnext" + "L" * 100_000
+    root = fabricate(tmp_path / "r", methods=(("fedavg", "", {}), (evil, "", {})), extra=False)
+    out = tmp_path / "out"
+    md = write_report([root], out).read_text()
+    page = (out / "report.html").read_text()
+    assert "<script>alert" not in md and "\\<script\\>alert(1)\\</script\\>" in md
+    assert "\u200f" not in md and "\u200f" not in page and "L" * 2001 not in md and "L" * 2001 not in page
+    for line in md.splitlines():
+        if line.startswith("|"):
+            assert line.endswith("|")                             # no label broke a table row
+    assert page.count("<script>") == 1 and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "characters)" in page                                  # the 100,000-character label is cut, and says so

@@ -1,0 +1,122 @@
+"""One yardstick for every reconstruction (fdg_audit.scoring.score_reconstruction): re-identification's calibration,
+the same number for the same image pair whatever produced it, and seeds that draw their own data."""
+import numpy as np
+import pytest
+import torch
+
+from fdg_audit import metrics as M
+from fdg_audit.api.attack import Aux, Reconstruction
+from fdg_audit.data import DataConfig, load_data
+from fdg_audit.scenario import load_raw, plan
+from fdg_audit.scoring import N_DISTRACTORS, Truth, score_reconstruction
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory):
+    data = load_data(DataConfig(dataset="mnist", family="rotated", domains=["rot0", "rot15", "rot30"],
+                                per_domain=500, split_seed=3))
+    return Truth(tmp_path_factory.mktemp("t"), "r", data)
+
+
+def _aux(truth):
+    return Aux(num_classes=10, domains=["rot0", "rot15"])   # rot30 held out: the attacker's public domain
+
+
+def _row(rows, metric):
+    return next(r for r in rows if r["metric"] == metric)
+
+
+def test_reid_calibration_noisy_copy_at_22db_is_found_and_the_mean_image_is_not(truth):
+    """A true image plus noise at about 22 dB PSNR picks itself out of 1 + 99 same-domain candidates (same class
+    first); the public mean image does not (it sits at chance, 1 %)."""
+    d = truth.data.domain("rot0")
+    rows = np.arange(40)
+    x = d.train.x[rows]
+    g = torch.Generator().manual_seed(0)
+    # noise that stays in [0, 1] (every pixel moves toward the other end), scaled per image to 22 dB exactly
+    e = (1 - 2 * x) * torch.randn(x.shape, generator=g).abs()
+    e = e * (10 ** (-22 / 10) / M.mse(e, torch.zeros_like(e))).sqrt().view(-1, 1, 1, 1)
+    noisy = x + e
+    assert float(noisy.min()) >= 0 and float(noisy.max()) <= 1
+    assert torch.allclose(M.psnr(noisy, x), torch.full((len(x),), 22.0), atol=1e-3)
+    out = Reconstruction("rot0", "weights", 1, noisy, rows=rows)
+    truth.record = lambda v, n: {"idx": d.train.idx}   # the victim's record: its training images
+    got, _ = score_reconstruction(out, truth, _aux(truth))
+    reid = _row(got, "reid")
+    assert reid["value"] >= 0.95 and reid["baseline"] == pytest.approx(1 / (1 + N_DISTRACTORS))
+    assert reid["n_distractors"] == N_DISTRACTORS
+    mean = truth.public_images(["rot0", "rot15"]).mean(0, keepdim=True).expand_as(x).contiguous()
+    got_m, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, mean, rows=rows), truth, _aux(truth))
+    assert _row(got_m, "reid")["value"] <= 0.1
+    # the mean image is one of the baselines: its PSNR is the baseline's (the flat image may be better)
+    assert _row(got_m, "psnr")["value"] <= _row(got_m, "psnr")["baseline"] + 1e-6
+
+
+def test_distractors_are_of_the_victims_domain_not_held_by_it_and_same_class_first(truth):
+    d = truth.data.domain("rot15")
+    idx, y = d.train.idx[:5], d.train.y[:5].numpy()
+    held = d.train.idx
+    dis, n = truth.distractors(idx, y, ["rot15"] * 5, held, 99)
+    assert dis.shape[:2] == (5, 99) and (n == 99).all()
+    pool_x, pool_y, pool_ids = truth.pool["rot15"]
+    free = ~np.isin(pool_ids, held)
+    assert free.sum() >= 99   # every distractor is one of the domain's images the victim did not hold
+    flat = pool_x.flatten(1)
+    for b in range(5):
+        pos = [int(torch.cdist(dis[b, k].flatten()[None], flat).argmin()) for k in range(0, 99, 7)]
+        assert free[pos].all()
+        same = int((pool_y[free].numpy() == y[b]).sum())
+        first = [int(torch.cdist(dis[b, k].flatten()[None], flat).argmin()) for k in range(min(same, 99))]
+        assert (pool_y[first].numpy() == y[b]).all()
+
+
+def test_one_scorer_same_pair_same_number_whatever_the_attack(truth):
+    """The same images against the same truth score the same, whatever the channel, attack flags or variant: the
+    old per-attack `aligned` and baseline switches no longer change the yardstick."""
+    d = truth.data.domain("rot0")
+    rows = np.arange(8)
+    img = torch.roll(d.train.x[rows], (3, -2), (-2, -1)) * 0.9   # a shifted, dimmed copy
+    outs = [Reconstruction("rot0", "amplitude_bank", 0, img, rows=rows, aligned=True, variant="box"),
+            Reconstruction("rot0", "weights", 1, img, rows=rows, aligned=False, flat_baseline=True),
+            Reconstruction("rot0", "weights", 1, img.flip(0), rows=None)]   # unordered: matched to the truth
+    truth.record = lambda v, n: {"idx": d.train.idx[rows]}
+    scored = [{r["metric"]: (r["value"], r["baseline"]) for r in score_reconstruction(o, truth, _aux(truth))[0]}
+              for o in outs]
+    for m in ("reid", "psnr", "ssim", "success@20dB", "success@25dB"):
+        assert scored[0][m] == pytest.approx(scored[1][m]) and scored[0][m] == pytest.approx(scored[2][m]), m
+    assert scored[0]["psnr"][0] > scored[0]["psnr_plain"][0] + 5   # aligned vs as returned: the shift is undone
+
+
+def test_two_seeds_of_one_folder_draw_different_victims_and_methods_share_them(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text("""
+name = "draw"
+seeds = [0, 1]
+[[datasets]]
+label = "small"
+dataset = "mnist"
+family = "rotated"
+domains = ["rot0", "rot75"]
+per_domain = 200
+client_sizes = [1, 4]
+targets = ["rot75"]
+split_seed = 11
+[[methods]]
+name = "fedavg"
+[[methods]]
+name = "csac"
+""")
+    runs = plan(load_raw(str(f)))
+    held = {(r["method"].name, r["seed"]): [c.train.idx.tolist() for c in r["data"].clients("rot0")] for r in runs}
+    assert held[("fedavg", 0)] != held[("fedavg", 1)]   # each seed its own victims
+    assert held[("fedavg", 0)] == held[("csac", 0)]     # paired by seed across methods
+    assert {r["ds"].draw for r in runs} == {0, 1}
+    # the run's DataConfig rebuilds the same data (what the scorer and the harness load from the folder)
+    r = runs[0]
+    again = load_data(r["ds"]).clients("rot0")
+    assert [c.train.idx.tolist() for c in again] == held[("fedavg", 0)]
+    # seeds_draw_data = false: one split for every seed
+    f.write_text(f.read_text().replace('name = "draw"', 'name = "draw"\nseeds_draw_data = false'))
+    runs = plan(load_raw(str(f)))
+    same = [[c.train.idx.tolist() for c in r["data"].clients("rot0")] for r in runs]
+    assert all(s == same[0] for s in same)
