@@ -157,7 +157,7 @@ class RunFolder:
         return self.root / "mia" / label / (run.replace("/", "__") + ".npz")
 
     def recon_file(self, label: str, run: str, victim: str, variant: str) -> Path:
-        return self.root / "recon" / label / f"{run.replace('/', '__')}__{victim_tag(victim)}__{variant or 'main'}.npz"
+        return self.root / "recon" / label / f"{run.replace('/', '__')}__{victim_tag(victim)}__{variant.replace('/', '__') or 'main'}.npz"
 
     def write_results(self, rows: list[dict], controls: list[dict], described: dict) -> None:
         """leakage.csv, controls.json and attacks.json after attacks ``described`` ran: their earlier rows and
