@@ -334,11 +334,11 @@ def checked_outputs(outs, run: RunInfo, me: str) -> list:
         if not (all(x in run.clients for x in parts) or isinstance(o, Skipped) and o.victim in (me, "")):
             raise AttackFailed(f"{name}.victim = {o.victim[:80]!r} is not a client of run {run.run} "
                                f"({', '.join(run.clients[:8])}{', ...' if len(run.clients) > 8 else ''})")
-        for k, extra in (("truth", ""), ("variant", "/")):   # a variant may say "radial/public" (file names: "__")
+        for k, extra in (("truth", ""), ("variant", "/@+=:")):   # a variant may say "radial/public" (files: "__")
             v = getattr(o, k, "")
             if v and not (len(v) <= 100 and all(c.isalnum() and c.isascii() or c in "_.-" + extra for c in v)
                           and ".." not in v and set(v) != {"."} and not v.startswith("/")):
-                raise AttackFailed(f"{name}.{k} = {v[:80]!r}: use letters, digits and _ . -{' /' if extra else ''} "
+                raise AttackFailed(f"{name}.{k} = {v[:80]!r}: use letters, digits and _ . -{' ' + ' '.join(extra) if extra else ''} "
                                    "only")
     return outs
 

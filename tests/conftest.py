@@ -24,8 +24,11 @@ def pytest_configure(config):
 
 def public_split(text: str) -> str:
     """The scenario with ``split_seed = 0`` in each data table that sets none: a public split, so two run folders of
-    the same scenario can be compared (unset, each folder draws a secret one)."""
-    out = []
+    the same scenario can be compared (unset, each folder draws a secret one), and ``seeds_draw_data = false`` unless
+    the scenario says otherwise: every seed uses that public split, so a test can rebuild a run's data from the
+    split seed alone (tests/test_yardstick.py checks the per-seed draws)."""
+    text = textwrap.dedent(text)
+    out = [] if "seeds_draw_data" in text else ["seeds_draw_data = false"]
     for line in textwrap.dedent(text).splitlines():
         out.append(line)
         if line.strip() in ("[data]", "[[datasets]]") and "split_seed" not in text:

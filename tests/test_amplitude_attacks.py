@@ -222,9 +222,12 @@ def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):
     assert len(grids) == 10
     with np.load(grids[0]) as z:
         assert z["recon"].shape == z["truth"].shape == (8, 1, 28, 28)
-        assert np.allclose(z["baseline"], z["baseline"][..., :1, :1])   # the flat DC image
-        # at the true image's mean (the un-noised DC term), built by the scorer: a noised bank cannot move it
-        assert np.allclose(z["baseline"][..., 0, 0], z["truth"].mean((2, 3)), atol=1e-6)
+        # per image the better of the flat DC image (at the true image's mean: the un-noised DC term, built by the
+        # scorer, so a noised bank cannot move it) and the public mean image, aligned
+        flat = np.broadcast_to(z["truth"].mean((2, 3), keepdims=True), z["truth"].shape)
+        is_flat = np.isclose(z["baseline"], flat, atol=1e-6).all((1, 2, 3))
+        mse = lambda a: ((a - z["truth"]) ** 2).mean((1, 2, 3))  # noqa: E731
+        assert (mse(z["baseline"]) <= mse(flat) + 1e-6).all() and is_flat.any()
 
 
 def test_render_prior_recovers_rotated_digits_exactly():
@@ -303,7 +306,8 @@ def test_fingerprint_finds_members_and_controls_hold(runs):
     run_attacks(root, [dict(name="amplitude_fingerprint")], quiet=True)
     for victim in ("rot15", "rot45", "pooled"):
         auc, base = value(root, attack=FP, victim=victim, output="exact", metric="auc")
-        assert auc == 1.0 and base == 0.5
+        blind = value(root, attack=FP, victim=victim, output="exact", metric="blind_auc")[0]
+        assert auc == 1.0 and base == max(0.5, blind)   # a model-free classifier's AUC is the floor
         assert value(root, attack=FP, victim=victim, output="perturbed", metric="auc")[0] > 0.8
     assert value(root, attack=FP, victim="pooled", output="exact", metric="tpr@0fpr")[0] == 1.0
     ctl = controls(root, FP)

@@ -8,12 +8,12 @@ SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "feddg_vs_csac.to
 
 
 def test_named_scenario_runs_small(tmp_path, capsys):
-    tiny = ["seeds=[0]", "attacks.update_inversion.seeds=[0]", "attacks.update_inversion_learned.seeds=[0]",
-            "attacks.update_inversion_learned.iterations=10", "attacks.update_inversion_learned.prior_steps=50",
-            "attacks.amplitude_phase_retrieval.prior_steps=50", "attacks.amplitude_phase_retrieval.learned_steps=10",
-            "datasets.rotated_small.per_domain=24", "datasets.rotated_small.client_sizes=[1, 4]", "train.rounds=1", "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
-            "datasets.appearance.per_domain=24", "datasets.appearance.targets=[\"grey\"]",
-            "datasets.appearance.domains=[\"grey\", \"colour\", \"texture\"]",
+    tiny = ["seeds=[0]", "store_rounds=[0, 1]", "attacks.amplitude_phase_retrieval.prior_steps=50",
+            "attacks.amplitude_phase_retrieval.learned_steps=10",
+            "datasets.rotated_small.per_domain=24", "datasets.rotated_small.client_sizes=[1, 4]", "train.rounds=1",
+            "train.batch_size=16", "methods.csac.acquire_epochs=1", "threads=1",
+            "datasets.digits_dg.per_domain=24", "datasets.digits_small.per_domain=24",
+            "datasets.digits_small.client_sizes=[1, 4]",
             "datasets.rotated.per_domain=24", "datasets.rotated.targets=[\"rot75\"]",
             "datasets.rotated.domains=[\"rot0\", \"rot45\", \"rot75\"]",
             "attacks.amplitude_phase_retrieval.hio=40", "attacks.amplitude_phase_retrieval.er=10",
@@ -26,12 +26,13 @@ def test_named_scenario_runs_small(tmp_path, capsys):
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])
     summary = json.loads((root / "summary.json").read_text())
     runs = summary["runs"]
-    assert len(runs) == 9 and all(r["status"] == "ok" for r in runs)          # every --set was applied
+    assert len(runs) == 12 and all(r["status"] == "ok" for r in runs)          # every --set was applied
     assert {(r["dataset"], r["method"], r["target"]) for r in runs} == {
-        (d, m, t) for d, t in (("appearance", "grey"), ("rotated", "rot75"), ("rotated_small", "rot75"))
+        (d, m, t) for d, t in (("digits_dg", "syn"), ("rotated", "rot75"), ("rotated_small", "rot75"),
+                               ("digits_small", "mnist"))
         for m in ("fedavg", "feddg", "csac")}
     kinds = {k: set(v["kinds_from_clients"]) for k, v in summary["bytes"].items()}
-    for d in ("appearance", "rotated", "rotated_small"):
+    for d in ("digits_dg", "rotated", "rotated_small", "digits_small"):
         assert kinds[f"{d}/fedavg"] == {"n_samples", "weights"}
         assert kinds[f"{d}/feddg"] == {"n_samples", "amplitude_bank", "weights"}
         assert kinds[f"{d}/csac"] == {"weights"}
@@ -60,6 +61,6 @@ def test_named_scenario_runs_small(tmp_path, capsys):
     curve = curve[:curve.index("\n## ")]
     assert "| 1 images | 4 images |" in curve and "plots/size_curve_rotated_small.png" in curve
     for m in ("fedavg", "feddg", "csac"):
-        assert f"rotated_small/{m}, update_inversion_learned" in curve
+        assert f"rotated_small/{m}, update_inversion" in curve
     assert "rotated_small/feddg, amplitude_phase_retrieval (learned)" in curve
     assert (root / "plots" / "size_curve_rotated_small.png").exists()
