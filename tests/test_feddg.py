@@ -67,7 +67,8 @@ def test_interpolation_identities(b):
     y = mix(x, theirs, lam, b, clamp=False)                                         # real, Hermitian-consistent
     want = (1 - lam.view(-1, 1, 1, 1)) * own + lam.view(-1, 1, 1, 1) * theirs
     assert torch.allclose(central(amplitude(y), b), want, rtol=1e-4, atol=1e-3)
-    assert not torch.allclose(y, x, atol=1e-2)
+    if b:   # at b = 0 only the DC term mixes: every pixel moves by the channel means' difference (~0.01 here)
+        assert not torch.allclose(y, x, atol=1e-2)
     f, g = torch.fft.fft2(x), torch.fft.fft2(y)                                      # the phase stays x's
     keep = (f.abs() > 1e-2) & (g.abs() > 1e-2)
     assert torch.allclose(torch.polar(torch.ones_like(f.abs()), f.angle())[keep],
