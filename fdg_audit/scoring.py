@@ -211,13 +211,12 @@ def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple
     x, y, doms = truth.images(idx)
     r = out.images.detach().cpu().float().clamp(0, 1)
     pred = None if out.labels is None else np.asarray(out.labels)
-    cols = None
     if out.rows is None:   # one to one on aligned MSE; the surplus of the larger set is left out
         ri, ci = linear_sum_assignment(M.aligned_mse(r, x).double().numpy())
-        cols, idx = ri, idx[ci]
+        idx = idx[ci]
         r, x, y, doms = r[ri], x[ci], y[ci], [doms[i] for i in ci]
         pred = None if pred is None else pred[ri]
-    r = M.aligned(r, x)
+    plain, r = r, M.aligned(r, x)   # as returned (matched) and aligned
     public = aux.public.x if aux.public is not None else truth.public_images(aux.domains)
     base = torch.stack([M.aligned(public.mean(0, keepdim=True).expand_as(x).contiguous(), x),
                         x.mean((2, 3), keepdim=True).expand_as(x)])            # (2, B, C, H, W)
@@ -236,7 +235,7 @@ def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple
         dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
     add("reid", hit.mean(), chance, per(hit), per(np.full(len(hit), chance)))
     add("psnr", ps.mean(), pb.mean(), per(ps), per(pb))
-    add("psnr_plain", M.psnr(out_plain(out, cols), x).mean(), pb.mean())
+    add("psnr_plain", M.psnr(plain, x).mean(), pb.mean())
     add("psnr_max", ps.max(), pb.max())
     ss, sb = M.ssim(r, x), M.ssim(b, x)
     add("ssim", ss.mean(), sb.mean(), per(ss), per(sb))
@@ -252,12 +251,6 @@ def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple
     extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
                  n_distractors=int(n_dis.min()) if len(n_dis) else 0)
     return [row | extra for row in rows], (x, r, b)
-
-
-def out_plain(out: Reconstruction, cols) -> torch.Tensor:
-    """The attack's images as it returned them (matched, not aligned): the plain-PSNR column."""
-    r = out.images.detach().cpu().float().clamp(0, 1)
-    return r if cols is None else r[cols]
 
 
 def _image_ids(idx, victim: str = "") -> np.ndarray:
