@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.api import UserError, place, rotate
+from fdg_audit.api import UserError, place, records, rotate
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import (Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped,
                                   sample_victims)
@@ -437,7 +437,7 @@ class PhaseRetrieval(_BankAttack):
             done += [(*j, "learned", r, int(its.max()), float(cpu.sum()), self.rule(learned=True))
                      for j, r, its, cpu in zip(learned, rec, *(c.split(sizes) for c in self.cost))]
         for victim, rnd, rows, a, v, r, its, cpu, rule in done:   # baseline: the flat image at the un-noised DC term
-            outs.append(Reconstruction(victim, KIND, rnd, r, truth="amp", rows=rows, aligned=True, variant=v,
+            outs.append(Reconstruction(victim, KIND, rnd, r, truth=records.AMP, rows=rows, aligned=True, variant=v,
                                        flat_baseline=True, iterations=its, cpu_seconds=cpu, plateau=rule))
         return outs
 
@@ -616,7 +616,7 @@ class AttributeInference(_BankAttack):
                     for victim, rnd, a in banks:
                         if tuple(a.shape[-2:]) == shape:
                             pred = clf.predict(features(a.to(self.device), feat, full))
-                            outs.append(Predictions(victim, KIND, rnd, attr, pred, k, truth="amp",
+                            outs.append(Predictions(victim, KIND, rnd, attr, pred, k, truth=records.AMP,
                                                     variant=f"{feat}/{src}"))
         return outs
 

@@ -62,7 +62,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.api import seeding
+from fdg_audit.api import records, seeding
 from fdg_audit.api.attack import Attack, AttackParams, Audit, Control, Skipped
 from fdg_audit.api.method import Payload, TrainParams
 from fdg_audit.api.privacy import (UPDATE_KINDS, ArtifactMechanism, AuditConfig, ClientDP, ClientDPFilter,
@@ -257,7 +257,7 @@ class UpdateAudit(_CanaryAudit):
                            "aggregate of the last round is never sent; run at least 2 rounds)")
         scores = sum((update_canaries(self.p.canaries, len(f), self.p.canary_seed) @ f).numpy() for f in flats)
         return Audit(victim, m.kind, m.round, scores, float(ev["delta"]), float(ev["epsilon"]),
-                     truth="update_canaries", variant="aggregate" if central else "sum")
+                     truth=records.UPDATE_CANARIES, variant="aggregate" if central else "sum")
 
     @staticmethod
     def _synthetic(sigma: float, insert: bool, m: int = 128):
@@ -300,7 +300,7 @@ class DPSGDAudit(_CanaryAudit):
             scores -= flat[torch.as_tensor(coords)].numpy()   # descent moves a canary's coordinate against its gradient
         ev = next(e for e in m.env.filters if e.get("mechanism") == "dp_sgd")
         return Audit(victim, "weights", m.round, scores, float(ev["delta"]),
-                     _example_epsilon(m.env.filters, self.p.delta), truth="gradient_canaries", variant="dirac")
+                     _example_epsilon(m.env.filters, self.p.delta), truth=records.GRADIENT_CANARIES, variant="dirac")
 
     @staticmethod
     def _synthetic(sigma: float, insert: bool, m: int = 40, seed: int = 0):

@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit.api import UserError
+from fdg_audit.api import UserError, records
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import (Attack, AttackParams, Control, Predictions, Reconstruction, Scores, Skipped,
                                   sample_victims)
@@ -95,7 +95,7 @@ def encode(fn, models: list, x: torch.Tensor, device, chunk: int = 256) -> torch
 
 def truth_of(name: str, rnd: int, n: int) -> tuple[str, np.ndarray | None]:
     """The truth record and rows of a round's features: (``features_r<rnd>``, 0..n-1), or ("train", None)."""
-    return ("train", None) if name == "train" else (name.format(round=rnd), np.arange(n))
+    return (records.TRAIN, None) if name == records.TRAIN else (name.format(round=rnd), np.arange(n))
 
 
 # ------------------------------------------------------------------------------------------ decoder, classifier
@@ -215,7 +215,7 @@ class FeatureParams(AttackParams):
     model: str = "path"               # path | upload | broadcast: the same-round models that encode (docstring)
     points: int = 5                   # "path": models on the line from the broadcast to the upload
     round: int = -1                   # -1 = each victim's last round, 0 = every round, t = round t
-    truth: str = "features_r{round}"  # the method's truth record of the rows ("train": match the training set)
+    truth: str = records.FEATURES     # the method's truth record of the rows ("train": match the training set)
     seed: int = 0
 
     def __post_init__(self):
@@ -353,7 +353,7 @@ class FeatureAttribute(_FeatureAttack):
             raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use {', '.join(self.outputs)}")
 
     def run(self, view, aux):
-        if self.p.truth == "train":
+        if self.p.truth == records.TRAIN:
             return [Skipped(v, KIND, r, "per-row truth needed (truth = \"train\")")
                     for v, r, _ in feature_uploads(view, self.p.round)]
         outs = []

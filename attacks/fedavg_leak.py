@@ -185,6 +185,7 @@ class FedAvgLeakage(Attack):
                "n_assumed": "as the main output, with n_k assumed to be one batch (a noised upload's norm says "
                             "nothing about n_k)"}
     priors, knows = {"*": "none"}, ("architecture", "local_hyperparams")
+    budget = {"*": (("iterations",), "restarts")}   # a cap: the plateau rule may stop it earlier
     Params = Params
 
     def __init__(self, params=None, device: str = "cpu"):

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit.api import Split, UserError, load_method, seeding
+from fdg_audit.api import Split, UserError, load_method, records, seeding
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import (Attack, AttackParams, Aux, Control, Predictions, Reconstruction, Skipped, federate,
                                   sample_victims)
@@ -136,14 +136,13 @@ class GeneratorLeakage(Attack):
     def sign(self, view) -> float:
         d = self.p.direction
         if d == "auto":
-            d = "toward" if view.params.get("gen_loss") == "official" else "away"
+            d = "toward" if getattr(view.settings, "gen_loss", None) == "official" else "away"
         return 1.0 if d == "toward" else -1.0
 
     @staticmethod
-    def coder(proto, params: dict, num_classes: int):
+    def coder(proto, settings, num_classes: int):
         """y -> the protocol's class code (``proto.class_code`` with the run's ``label_code``; Kerckhoffs)."""
-        scale = params.get("label_code", proto.Params.label_code)
-        return lambda y: proto.class_code(y, num_classes, scale)
+        return lambda y: proto.class_code(y, num_classes, settings.label_code)
 
     def infer(self, model, g0: nn.Module, gks: dict, aux, sign: float, code, seed: int) -> dict[str, int]:
         """client -> predicted domain index from its uploaded generator ``gks[client]`` (module docstring, 1)."""
@@ -166,7 +165,7 @@ class GeneratorLeakage(Attack):
     def domain_inference(self, view, aux, victims) -> dict[str, list[tuple[int, int]]]:
         """victim -> [(round, predicted domain index)] over the rounds with >= 2 uploads."""
         proto, k, s = view.protocol, aux.num_classes, self.sign(view)
-        code = self.coder(proto, view.params, k)
+        code = self.coder(proto, view.settings, k)
         weights = _by_round(view.messages(kind="weights", sender="server"))
         sent = _by_round(view.messages(kind="generator", sender="server"))
         ups = {c: _by_round(view.messages(kind="generator", sender=c)) for c in view.clients}
@@ -186,7 +185,7 @@ class GeneratorLeakage(Attack):
 
     def decode(self, view, aux, victims) -> list:
         proto, k = view.protocol, aux.num_classes
-        code = self.coder(proto, view.params, k)
+        code = self.coder(proto, view.settings, k)
         weights = _by_round(view.messages(kind="weights", sender="server"))
         if not weights:
             return [Skipped(v, "generator", -1, "no global weights observed") for v in victims]
@@ -205,7 +204,7 @@ class GeneratorLeakage(Attack):
             g = proto.Generator.from_arrays(ups[t].payload.arrays, k).to(self.device)
             with torch.no_grad():
                 img = dec(sample(g, self.p.per_class, k, code, gen)[0])
-            outs.append(Reconstruction(v, "generator", t, img.cpu(), truth="train", variant="decoded_generator"))
+            outs.append(Reconstruction(v, "generator", t, img.cpu(), truth=records.TRAIN, variant="decoded_generator"))
         return outs
 
     def run(self, view, aux):
@@ -215,7 +214,7 @@ class GeneratorLeakage(Attack):
         for v, preds in self.domain_inference(view, aux, victims).items():
             if preds:
                 outs.append(Predictions(v, "generator", preds[-1][0], "domain", np.array([p for _, p in preds]),
-                                        len(aux.domains), truth="train", rows=[0] * len(preds), variant="update"))
+                                        len(aux.domains), truth=records.TRAIN, rows=[0] * len(preds), variant="update"))
         return outs + self.decode(view, aux, victims)
 
     def control(self) -> list[Control]:
@@ -224,7 +223,7 @@ class GeneratorLeakage(Attack):
         model, k = view.model(sent[max(sent)].payload.arrays), aux.num_classes
         gsent = _by_round(view.messages(kind="generator", sender="server"))
         proto = view.protocol
-        code = self.coder(proto, view.params, k)
+        code = self.coder(proto, view.settings, k)
         g0 = proto.Generator.from_arrays(gsent[max(sent)].payload.arrays, k)
         true = [aux.domains.index(c) for c in clients]
         gen = torch.Generator().manual_seed(self.p.seed)

@@ -16,8 +16,9 @@ Threat models (``adversary_view``):
 The protocol is public (Kerckhoffs): lr, optimizer (sgd/adam), momentum, weight decay, batch size B,
 local_steps / local_epochs come from ``view.params``; the victim's data size n_k from its ``n_samples`` message
 (a curious client assumes the others hold as many images as it does; a server that received no n_samples, as
-with FedDG or CSAC, estimates n_k from the update norm with its public data, as ``dataset_size`` does: output
-variant "n_estimated"; where the envelope records noise (client-level DP, DP-SGD) the norm is mostly noise and
+with CSAC, searches n_k: the powers of two up to the update-norm estimate of ``dataset_size`` (its public data),
+each probed for one plateau window, the smallest within 5% of the best objective kept: output variant
+"n_searched"; where the envelope records noise (client-level DP, DP-SGD) the norm is mostly noise and
 would ask for an unbounded unroll, so the server assumes one batch per epoch, n_k = B: variant "n_assumed"). FedSGD is ``local_steps = 1``.
 
 Attack (Inverting Gradients, Geiping et al. 2020, with the FedAvg unrolling of breaching's multi-step user):
@@ -189,6 +190,14 @@ def schedule(n: int | None, pr: Protocol, max_images: int = 0, offset: int = 0) 
     return [offset + torch.arange(a, a + z) % m for a, z in zip(starts, sizes)], m
 
 
+def signature(n: int | None, pr: Protocol, max_images: int = 0) -> tuple:
+    """How a dummy set of client size ``n`` trains, up to repeats: its size and, per step, the share of the batch
+    each distinct dummy image takes. Sizes with one signature simulate the same update on a per-sample model
+    (``per_sample``), e.g. 4 and 16 images with 4 dummies and one step."""
+    steps, m = schedule(n, pr, max_images)
+    return m, tuple(tuple((torch.unique(i, return_counts=True)[1] / len(i)).tolist()) for i in steps)
+
+
 class _BNStats:
     """Forward pre-hooks on BatchNorm layers recording batch mean / unbiased var of their inputs (the
     quantities torch folds into running statistics); works under vmap since nothing is updated in place."""
@@ -224,19 +233,39 @@ def _opt_step(p: dict, g: dict, st: dict, t: int, pr: Protocol) -> dict:
     return out
 
 
+def per_sample(net) -> bool:
+    """True when a batch's loss is the mean of per-image losses (no BatchNorm, no dropout): a simulated step may
+    then train on its distinct images, each weighted by how often the batch holds it (the same gradient, a
+    fraction of the cost when a capped dummy set fills a larger batch)."""
+    return not any(isinstance(m, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd))
+                   for m in net.modules())
+
+
+def batch_loss(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
+    """Mean cross-entropy of a batch; with ``w`` (per distinct image, summing to 1) the weighted sum."""
+    if w is None:
+        return F.cross_entropy(logits, y)
+    return (F.cross_entropy(logits, y, reduction="none") * w).sum()
+
+
 def simulate(net, params: dict, x: torch.Tensor, y: torch.Tensor, parties: list[list[torch.Tensor]],
              pr: Protocol, bn: _BNStats | None = None):
     """Differentiable local training from ``params`` of every party (its steps index x, y); returns the mean
     update over parties {name: θ_T − θ_0} and, when ``bn`` is given, the mean simulated running statistics
     {(layer, "mean"|"var"): value} given the starting ones in ``bn.start``."""
     deltas, stats = [], []
+    dedup = bn is None and per_sample(net)
     for steps in parties:
         p, st, run = dict(params), {}, dict(bn.start) if bn is not None else None
         for t, idx in enumerate(steps):
-            xs, ys = x[idx], y[idx]
+            u, c = torch.unique(idx, return_counts=True) if dedup else (idx, None)
+            if len(u) == len(idx):   # no image twice in the batch: the plain mean, in the batch's order
+                xs, ys, w = x[idx], y[idx], None
+            else:   # a capped dummy set wraps around: each distinct image once, weighted by its count
+                xs, ys, w = x[u], y[u], c.to(x.dtype) / len(idx)
             if bn is not None:
                 bn.log = []
-            g = grad(lambda q: F.cross_entropy(functional_call(net, q, (xs,)), ys))(p)
+            g = grad(lambda q: batch_loss(functional_call(net, q, (xs,)), ys, w))(p)
             if bn is not None:
                 for k, mu, var in bn.log:
                     mo = bn.momentum[k]
@@ -415,15 +444,17 @@ class UpdateInversion(Attack):
                    "curious client: equal weights, the others hold as many images as it does, at most max_parties of "
                    "them unrolled, each clipped to the recorded DP clip); labels read off the last layer; local "
                    "training simulated as plain cross-entropy SGD/Adam",
-               "n_estimated": "as the main output, with n_k estimated from the update norm against the attacker's "
-                              "own training on public images",
+               "n_searched": "as the main output, with n_k chosen by the attack's own objective among the powers "
+                             "of two up to the update-norm estimate (against the attacker's training on public "
+                             "images)",
                "n_assumed": "as the main output, with n_k assumed to be one batch (the upload is noised, so its norm "
                             "says nothing about n_k; or the method sends no n_k, for a curious client)",
                "learned": "learned prior: images decoded from the latent space of a VAE trained on the attacker's "
                           "public images of the held-out domain (another domain than the victims', "
                           "rotation-augmented); same objective and budget as pixel space"}
-    priors = {"*": "none", "learned": "learned", "n_estimated/learned": "learned", "n_assumed/learned": "learned"}
+    priors = {"*": "none", "learned": "learned", "n_searched/learned": "learned", "n_assumed/learned": "learned"}
     knows = ("architecture", "local_hyperparams")
+    budget = {"*": (("iterations",), "restarts")}   # a cap: the plateau rule may stop it earlier
     Params = Params
 
     def __init__(self, params=None, device: str = "cpu"):
@@ -462,15 +493,16 @@ class UpdateInversion(Attack):
         """Labels then images for one observed (mean) update; returns images, labels, counts per visit. ``prior``:
         a learned prior whose latents are optimised instead of pixels (attacks/prior.py); ``pr``: the protocol
         (default the public one of ``view.params``)."""
-        x, labels, counts, _, _ = self.attack_updates(view, [(theta, after, obs, parties, gen, obs_bn)], prior,
-                                                      pr)[0]
+        x, labels, counts = self.attack_updates(view, [(theta, after, obs, parties, gen, obs_bn)], prior, pr)[0][:3]
         return x, labels, counts
 
-    def attack_updates(self, view, jobs: list, prior=None, pr: Protocol | None = None) -> list[tuple]:
+    def attack_updates(self, view, jobs: list, prior=None, pr: Protocol | None = None, p: Params | None = None
+                       ) -> list[tuple]:
         """``attack_update`` for several victims that unroll the same ``parties`` schedule, as one batched
-        optimisation (``invert_many``); ``jobs``: (theta, after, obs, parties, gen, obs_bn) each. Returns per job
-        (images, labels, counts, iterations run, CPU seconds: its own label recovery plus its share of the batch)."""
-        pr = pr or Protocol.of(view.params)
+        optimisation (``invert_many``); ``jobs``: (theta, after, obs, parties, gen, obs_bn) each; ``p``: the
+        attack's settings (default its own). Returns per job (images, labels, counts, iterations run, CPU seconds:
+        its own label recovery plus its share of the batch, best objective)."""
+        pr, p = pr or Protocol.of(view.params), p or self.p
         c, s, _ = view.shape
         shape, prep = (c, s, s), []
         for theta, after, obs, parties, gen, obs_bn in jobs:
@@ -493,10 +525,44 @@ class UpdateInversion(Attack):
             obs_bn = {k: v.to(self.device).float() for k, v in obs_bn.items()} if bn is not None and obs_bn else None
             prep.append((net, params, bn, obs, labels, counts, obs_bn, time.process_time() - t0))
         net, _, bn = prep[0][:3]
-        x, _, plat = invert_many(net, [q[1] for q in prep], [q[3] for q in prep],
-                                 [torch.as_tensor(q[4], device=self.device) for q in prep], jobs[0][3], pr, shape,
-                                 self.p, [j[4] for j in jobs], bn, [q[6] for q in prep], prior=prior)
-        return [(x[i], q[4], q[5], int(plat.its[i]), q[7] + float(plat.cpu[i])) for i, q in enumerate(prep)]
+        x, loss, plat = invert_many(net, [q[1] for q in prep], [q[3] for q in prep],
+                                    [torch.as_tensor(q[4], device=self.device) for q in prep], jobs[0][3], pr, shape,
+                                    p, [j[4] for j in jobs], bn, [q[6] for q in prep], prior=prior)
+        loss = loss.tolist()
+        return [(x[i], q[4], q[5], int(plat.its[i]), q[7] + float(plat.cpu[i]), loss[i]) for i, q in enumerate(prep)]
+
+    def _search_sizes(self, view, found: list, prior, pr: Protocol) -> None:
+        """The server's n_k where no n_samples was sent: the powers of two up to the update-norm estimate's next
+        one (at least 32) are tried in turn on each victim for one plateau window (``plateau_window`` iterations at
+        the starting step, every victim in one batch; a size that trains exactly as a smaller one, because the
+        dummy set is capped, is not tried again; the search stops at the first size that fits every victim worse
+        than a smaller size by over 5%); the smallest size whose objective is within 5% of the best is kept
+        (``found[i][2]``), and the probes' CPU seconds are added to the victim's (``found[i][5]``).
+        Selection by the attack's own objective, never by truth: a method whose local objective is not plain
+        cross-entropy (CSAC's alignment terms) moves its norm estimate far from n_k (80-464 for clients of 1-16
+        images), and unrolling the estimate costs one step per 32 images."""
+        if not found:
+            return
+        top = max(32, max(f[2] for f in found))
+        sizes = [2 ** k for k in range(int(np.ceil(np.log2(top))) + 1)]
+        probe = dataclasses.replace(self.p, iterations=self.p.plateau_window, plateau_tol=0.0)
+        losses, seen = [], set()
+        for n in sizes:
+            key = signature(n, pr, self.p.max_images)
+            if key in seen:   # a capped dummy set: this size trains exactly as a smaller one did
+                losses.append(losses[-1])
+                continue
+            seen.add(key)
+            steps = schedule(n, pr, self.p.max_images)[0]
+            res = self.attack_updates(view, [f[4][:3] + ([steps],) + f[4][4:] for f in found], prior, pr, probe)
+            losses.append([r[5] for r in res])
+            for f, r in zip(found, res):
+                f[5] += r[4]
+            if len(losses) > 1 and (np.asarray(losses[-1]) > 1.05 * np.min(losses, 0)).all():
+                break   # every victim fits this size worse than a smaller one: larger ones unroll more, fit worse
+        sizes, losses = sizes[:len(losses)], np.asarray(losses)   # (sizes tried, victims)
+        for i, f in enumerate(found):
+            f[2] = sizes[int(np.argmax(losses[:, i] <= 1.05 * losses[:, i].min()))]
 
     def run(self, view, aux):
         pr = Protocol.of(view.params)
@@ -506,37 +572,45 @@ class UpdateInversion(Attack):
             if self.p.prior == "learned" else None
         tag = lambda how: "/".join(filter(None, (how, "learned" if prior is not None else "")))  # noqa: E731
         if self.p.adversary_view == "server":
-            jobs, groups = [], {}   # victims that unroll the same schedule are inverted as one batch
+            found, outs = [], []
             for v in sample_victims(view, view.clients, self.p.max_victims):
                 ts = self._rounds(view, rounds)
-                # fixed local steps are unrolled without n_k; epochs need it (sent, assumed or estimated)
+                # fixed local steps are unrolled without n_k; epochs need it (sent, assumed or searched)
                 n, how = client_size(view, v, pr, ts, aux, infer=pr.local_steps <= 0)
+                how = "n_searched" if how == "n_estimated" else how   # the estimate bounds the search
                 if n is None and pr.local_steps <= 0:
                     outs.append(Skipped(v, "weights", 0, "no n_samples message and no size estimate "
                                         f"({how}): epoch-based local training cannot be unrolled"))
                     continue
                 for t, theta, after in exchanges(view, v, ts):
                     obs = {k: after[k].float() - theta[k].float() for k in after if after[k].is_floating_point()}
-                    steps, m = schedule(n, pr, self.p.max_images)
                     obs_bn = {(k.rsplit(".", 1)[0], k.rsplit("_", 1)[1]): after[k] for k in after
                               if k.endswith(("running_mean", "running_var"))}
-                    groups.setdefault((n, (v, t) if self.p.bn_prior > 0 else None), []).append(len(jobs))
-                    outs.append(len(jobs))   # a slot, filled below
-                    jobs.append((v, t, n, how, steps, (theta, after, obs, [steps], self._gen(v, t), obs_bn)))
-            res = {}
+                    outs.append(len(found))   # a slot, filled below
+                    found.append([v, t, n, how, (theta, after, obs, None, self._gen(v, t), obs_bn), 0.0])
+            self._search_sizes(view, [f for f in found if f[3] == "n_searched"], prior, pr)
+            groups = {}   # victims whose dummy sets train the same way are inverted as one batch
+            for i, f in enumerate(found):
+                key = signature(f[2], pr, self.p.max_images) if per_sample(view.new_model()) else f[2]
+                groups.setdefault((key, f[:2] if self.p.bn_prior > 0 else None), []).append(i)
+            res, visits = {}, {}
             for idx in groups.values():
-                res.update(zip(idx, self.attack_updates(view, [jobs[i][5] for i in idx], prior, pr)))
+                steps = schedule(found[idx[0]][2], pr, self.p.max_images)[0]
+                res.update(zip(idx, self.attack_updates(view, [found[i][4][:3] + ([steps],) + found[i][4][4:]
+                                                               for i in idx], prior, pr)))
+                visits.update(dict.fromkeys(idx, sum(len(i) for i in steps)))   # the counts' total
             filled = []
             for o in outs:
                 if not isinstance(o, int):
                     filled.append(o)
                     continue
-                (v, t, n, how, steps, _), (x, labels, counts, its, cpu) = jobs[o], res[o]
-                filled.append(Reconstruction(v, "weights", t, x, labels=labels, variant=tag(how), cpu_seconds=cpu,
-                                             iterations=its, plateau=plateau_words(self.p)))
-                visits = sum(len(i) for i in steps)
-                if n is not None and visits >= n:   # the round covered the whole training set
-                    filled.append(Estimate(v, "weights", t, "label_counts", counts * n / visits))
+                (v, t, n, how, _, searched), (x, labels, counts, its, cpu, _) = found[o], res[o]
+                filled.append(Reconstruction(v, "weights", t, x, labels=labels, variant=tag(how),
+                                             cpu_seconds=cpu + searched, iterations=its,
+                                             plateau=plateau_words(self.p)))
+                covered = sum(len(i) for i in schedule(n, pr, self.p.max_images)[0]) >= (n or 0)
+                if n is not None and covered and how != "n_searched":   # the round covered the whole set
+                    filled.append(Estimate(v, "weights", t, "label_counts", counts * n / visits[o]))
             return filled
         me, k = view.me, len(view.clients)
         others = [c for c in view.clients if c != me]
@@ -558,8 +632,8 @@ class UpdateInversion(Attack):
                 parties.append(steps)
                 off += m
             after = {key: theta[key].float() + obs[key] for key in obs}
-            x, labels, _, its, cpu = self.attack_updates(view, [(theta, after, obs, parties, self._gen(me, t), None)],
-                                                         prior, pt)[0]
+            x, labels, _, its, cpu, _ = self.attack_updates(
+                view, [(theta, after, obs, parties, self._gen(me, t), None)], prior, pt)[0]
             outs.append(Reconstruction("+".join(others), "weights", t, x, labels=labels, variant=tag(how),
                                        cpu_seconds=cpu, iterations=its, plateau=plateau_words(self.p)))
         return outs

@@ -87,12 +87,12 @@ class LabelDistribution(Attack):
     Params = LabelParams
 
     def run(self, view, aux):
-        p = view.params
+        p = view.settings   # the method's public protocol (TrainParams fields)
         gen = torch.Generator().manual_seed(self.p.seed)
         outs = []
         for victim in sample_victims(view, view.clients, self.p.max_victims):
             for rnd in weight_rounds(view, victim, self.p.round):
-                if p.get("optimizer", "sgd") != "sgd":
+                if p.optimizer != "sgd":
                     outs.append(Skipped(victim, "weights", rnd, "the bias update of Adam is not linear in the labels"))
                     continue
                 down, up = weights_pair(view, victim, rnd)
@@ -105,12 +105,11 @@ class LabelDistribution(Attack):
                     continue
                 K = augmentation_factor(view)
                 n_train = n * K
-                steps = p.get("local_steps") or p["local_epochs"] * -(-int(round(n_train)) // int(p["batch_size"]))
+                steps = p.local_steps or p.local_epochs * -(-int(round(n_train)) // int(p.batch_size))
                 x = aux.public.x.to(self.device)
                 q0, q1 = mean_softmax(view.model(down), x), mean_softmax(view.model(up), x)
-                counts = estimate_counts(down[BIAS], up[BIAS], q0, q1, n_train, steps, p["lr"],
-                                         p.get("momentum", 0.0) if p.get("optimizer", "sgd") == "sgd" else 0.0,
-                                         p.get("weight_decay", 0.0))
+                counts = estimate_counts(down[BIAS], up[BIAS], q0, q1, n_train, steps, p.lr,
+                                         p.momentum if p.optimizer == "sgd" else 0.0, p.weight_decay)
                 outs.append(Estimate(victim, "weights", rnd, "label_counts", counts / K, how))
         return outs
 

@@ -30,7 +30,7 @@ Every attack here reads ``weights`` artifacts, so it applies to every method tha
   (minus the least-squares slope of the loss over rounds, the paper's "our_loss"), ``last`` and ``mean``
   (the paper's "01-loss" and "fed-loss"). Needs no reference models.
 
-Reference federations: the attacker re-runs the observed protocol (``view.method`` with ``view.params``, same
+Reference federations: the attacker re-runs the observed protocol (``view.method`` with ``view.settings``, same
 model) through the federation engine (``fdg_audit.api.attack.federate``, in-memory ledger) on its own data: one
 pseudo-client per observed client, named like it, each holding a random ``ref_fraction`` of the attacker's pool
 (``shadow_data = "public"``: the held-out domain's images split among the pseudo-clients; ``"domain_samples"``:
@@ -53,6 +53,7 @@ controls use the attack's ``seed``.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -262,7 +263,7 @@ def references(view, aux: Aux, p: RefParams, victims: list[str], online: bool) -
             if c in ins:
                 train = _cat([train, _sub(cands[c], np.flatnonzero(ins[c][r]))])
             clients[c] = (train, population)
-        params = dict(view.params, **({"rounds": p.ref_rounds} if p.ref_rounds else {}))
+        params = dataclasses.replace(view.settings, **({"rounds": p.ref_rounds} if p.ref_rounds else {}))
         ref = federate(view.method, params, view.model_cfg, clients, aux.num_classes or view.shape[2],
                        seed=1000 * p.seed + r, device=view.device, run_id=f"reference{r}")
         trained = {c: set(tr.idx.tolist()) for c, (tr, _) in clients.items()}

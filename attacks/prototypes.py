@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit.api import Net
+from fdg_audit.api import Net, records
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Reconstruction, sample_victims
 
@@ -119,6 +119,7 @@ class PrototypeInversion(Attack):
     outputs = {"c<class>": "pixels optimised from the public mean image of the class until the feature extractor (the "
                            "client's uploaded model, or the broadcast one) maps them onto the class's prototype"}
     priors, knows = {"*": "none"}, ("architecture",)   # box + TV only; the public class mean is the start
+    budget = {"*": (("steps",), "")}
     Params = InversionParams
 
     def run(self, view, aux):
@@ -135,8 +136,8 @@ class PrototypeInversion(Attack):
             init = (base + 0.02 * torch.randn(base.shape, generator=gen).to(self.device)).clamp(0, 1)
             rec = invert_features(model, proto.to(self.device), init, p.steps, p.lr, p.tv, p.prior, p.resolution)
             for i, c in enumerate(classes.tolist()):
-                outs.append(Reconstruction(victim, KIND, rnd, rec[i:i + 1], truth=f"proto_c{c}", rows=None,
-                                           variant=f"c{c}", baseline=base[i:i + 1]))
+                outs.append(Reconstruction(victim, KIND, rnd, rec[i:i + 1], truth=records.PROTO_CLASS.format(c=c),
+                                           rows=None, variant=f"c{c}", baseline=base[i:i + 1]))
         return outs
 
     def control(self):

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit.api import ModelConfig, build_model
+from fdg_audit.api import ModelConfig, build_model, records
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Estimate, Predictions, Skipped, sample_victims
 from fdg_audit.api.method import TrainParams, make_optimizer
@@ -122,8 +122,8 @@ class NormStatsDomain(Attack):
                     continue
                 model = view.model(down)
                 pred = self.classify(model, glob.to(self.device), mine.to(self.device)[None], samples,
-                                     int(view.params["batch_size"]), self.p.shadow_batches, gen)
-                outs.append(Predictions(victim, "weights", rnd, "domain", pred, len(aux.domains), "train",
+                                     int(view.settings.batch_size), self.p.shadow_batches, gen)
+                outs.append(Predictions(victim, "weights", rnd, "domain", pred, len(aux.domains), records.TRAIN,
                                         np.zeros(1, dtype=int)))
         return outs
 
@@ -157,7 +157,7 @@ class NormStatsDomain(Attack):
 def augmentation_factor(view) -> int:
     """Images a client trains on per own image: CCST's K (0 = every source), else 1."""
     if view.method == "ccst":
-        k = int(view.params.get("K", 0))
+        k = int(view.settings.K)
         return min(k, len(view.clients)) if k else len(view.clients)
     return 1
 
@@ -183,20 +183,19 @@ class SizeParams(AttackParams):
 
 
 def size_from_steps(steps: float, view) -> float:
-    p = view.params
-    return max(1.0, (steps / max(1, p["local_epochs"]) - 0.5) * p["batch_size"]) / augmentation_factor(view)
+    p = view.settings
+    return max(1.0, (steps / max(1, p.local_epochs) - 0.5) * p.batch_size) / augmentation_factor(view)
 
 
 def shadow_norms(view, down: dict, public, max_steps: int, gen, stop: float = float("inf")) -> np.ndarray:
     """The attacker's calibration: train the broadcast model on public data with the protocol's optimizer and
     record ||theta_s - theta_0|| (parameters only) after every step; stop after the first step whose norm
     reaches ``stop`` (the curve's running maximum is all the estimator reads, so later steps change nothing)."""
-    p = view.params
-    tp = TrainParams(**{k: p[k] for k in ("lr", "optimizer", "momentum", "weight_decay") if k in p})
+    p = view.settings
     model = view.model(down).train().requires_grad_(True)
-    opt = make_optimizer(tp, model.parameters())
+    opt = make_optimizer(p, model.parameters())   # the protocol's lr, optimizer, momentum and weight decay
     x, y = public.x.to(view.device), public.y.to(view.device)
-    b = min(int(p["batch_size"]), len(y))
+    b = min(int(p.batch_size), len(y))
     start = _flat(dict(model.state_dict()))
     norms = []
     for _ in range(max_steps):
@@ -214,7 +213,7 @@ def estimate_size(view, victim: str, rnd: int, public=None, max_steps: int = 200
     """(n_k estimate, variant) from what the server saw, or (None, reason)."""
     for m in view.messages(kind="n_samples", sender=victim):
         return float(m.payload["n"]), "sent"
-    if view.params.get("local_steps", 0):
+    if view.settings.local_steps:
         return None, "local_steps > 0: the step count does not depend on n_k"
     pair = weights_pair(view, victim, rnd)
     if pair is None:
@@ -257,7 +256,7 @@ class DatasetSize(Attack):
         """BN step counting on a simulated client: 3 epochs over 100 images, batch 16 -> within one batch."""
         class V:
             method, clients = "fedavg", ["a"]
-            params = dict(local_epochs=3, batch_size=16, local_steps=0)
+            settings = TrainParams(local_epochs=3, batch_size=16, local_steps=0)
         steps = 3 * -(-100 // 16)
         err = M.relative_error(size_from_steps(steps, V), 100)
         return [Control("BN step count, n = 100: relative error", "rel_error", float(err), 0.08, positive=False)]

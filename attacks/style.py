@@ -5,7 +5,7 @@ public encoder phi's channel statistics (J = 1 for the overall style, J per-imag
 the server (phase ``style``) and relayed to every client (phase ``bank``, arrays ``"<client>/mean"``,
 ``"<client>/std"``). A curious client (default adversary) reads the other clients' entries from the relay; the
 server reads the uploads. phi is public (Kerckhoffs): the learned encoder's weights are in the run's ``encoder``
-message, a random encoder is rebuilt from ``view.params``; the encoder, the style functions and the style transfer
+message, a random encoder is rebuilt from ``view.settings``; the encoder, the style functions and the style transfer
 come from the method's plugin class (``view.protocol``), never from its module. Every output's variant names the
 encoder that produced the bank (``exact@learned-encoder``; a random encoder's ``...-lower-bound``: its statistics
 hold far less than a VGG's, so its numbers bound the leak from below).
@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.api import load_method
+from fdg_audit.api import load_method, records
 from fdg_audit.api import metrics as M
 from fdg_audit.api.attack import Attack, AttackParams, Control, Predictions, Reconstruction, Scores, sample_victims
 
@@ -110,8 +110,8 @@ def _encoder(view, device):
     parameters) and its protocol, through ``view.protocol`` (Kerckhoffs), with a label naming the encoder."""
     proto = view.protocol
     sent = view.messages(kind="encoder")
-    enc = proto.build_encoder(view.params, view.shape[0], device, sent[0].payload.arrays if sent else None)
-    return enc, proto, proto.encoder_label(view.params)
+    enc = proto.build_encoder(view.settings, view.shape[0], device, sent[0].payload.arrays if sent else None)
+    return enc, proto, proto.encoder_label(view.settings)
 
 
 def _reference():
@@ -233,7 +233,7 @@ class StyleAttribute(Attack):
         enc, proto, label = _encoder(view, self.device)
         rng = np.random.default_rng(self.p.seed)
         doms = aux.domains
-        per_image = view.params.get("style") == "single"
+        per_image = getattr(view.settings, "style", None) == "single"
         z, yd, yc = [], [], []
         for i, d in enumerate(doms):
             s = aux.domain_samples[d]
@@ -253,7 +253,7 @@ class StyleAttribute(Attack):
         outs = []
         for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
             q = style_vector(mean, std).double().numpy()
-            truth, rows = ("style", np.arange(len(q))) if per_image else ("train", np.zeros(1, dtype=int))
+            truth, rows = (records.STYLE, np.arange(len(q))) if per_image else (records.TRAIN, np.zeros(1, dtype=int))
             outs.append(Predictions(victim, KIND, rnd, "domain", dom_clf(q), len(doms), truth, rows, variant=label))
             if cls_clf is not None:
                 outs.append(Predictions(victim, KIND, rnd, "class", cls_clf(q), aux.num_classes, truth, rows,
@@ -309,6 +309,7 @@ class StyleInversion(Attack):
                         "stylised": "the public mean image restyled with the victim's style by the protocol's own "
                                     "style transfer"})
     priors, knows = {"*": "none"}, ("architecture",)   # box + TV only; the public mean is the start, not a prior
+    budget = {"*": (("steps",), "")}
     Params = InversionParams
 
     def invert(self, enc, mean, std, init, pooled=False, flat=False):
@@ -326,15 +327,15 @@ class StyleInversion(Attack):
         enc, proto, label = _encoder(view, self.device)
         gen = torch.Generator().manual_seed(self.p.seed)
         base = aux.public.x.mean(0, keepdim=True).to(self.device)
-        single = view.params.get("style") == "single"
+        single = getattr(view.settings, "style", None) == "single"
         outs = []
         for victim, rnd, mean, std in style_entries(view, self.p.max_victims):
             mean, std = mean.to(self.device), std.to(self.device)
             if single:
                 rows = np.arange(min(len(mean), self.p.max_images or len(mean)))
-                mean, std, truth = mean[rows], std[rows], "style"
+                mean, std, truth = mean[rows], std[rows], records.STYLE
             else:
-                rows, mean, std, truth = None, mean[:1], std[:1], "train"
+                rows, mean, std, truth = None, mean[:1], std[:1], records.TRAIN
             n = len(rows) if single else self.p.overall_batch
             init = (base + 0.05 * torch.randn(n, *base.shape[1:], generator=gen).to(self.device)).clamp(0, 1)
             for v in self.p.variants:

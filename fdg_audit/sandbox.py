@@ -30,7 +30,12 @@ files of fdg_audit, of the installed plugins (shadow training runs methods) and 
 (read-only), and its own view folder (read-write, for ``result.npz``). No bound source is the working directory or
 a folder that holds it or the run folder being attacked (``PROTECT``): a plugin shipped as a namespace package named
 like a folder of the project finds nothing. The run folder, its ``truth/``, other views and the rest of the user's
-files do not exist there. A fresh interpreter per worker costs start-up time (bench/attack_isolation.py).
+files do not exist there. Warm sandboxes (``WarmSandbox``): the jobs of one attack share a sandbox whose server
+imported the core once (never a plugin) and forks each job from it, so a job pays no interpreter start-up; the view
+folder is rewritten per job and emptied after it, and before the next job the server kills every other process of
+the sandbox, empties /tmp and /dev/shm and removes System V IPC objects, while POSIX message queues cannot be made
+(tests/test_hostile.py: what one job leaves, the next does not find); the sandbox ends with its attack, or when a job
+runs over its time (bench/attack_isolation.py measures the start-up).
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
 that searches the file system on its own (outside the API) could still open files that user can read; there the
 boundary is the API and the process, not an OS sandbox. "bwrap" insists. ``isolate=False`` (``attack
@@ -315,8 +320,9 @@ def exposable(d: str) -> bool:
     return not any(g == d or g.startswith(d.rstrip("/") + "/") for g in guard)
 
 
-def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None = None) -> list[str]:
-    """The command that runs ``_worker`` on ``folder`` under bubblewrap (see the module docstring)."""
+def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None = None, entry: str = "_main") -> list[str]:
+    """The command that runs ``_worker`` on ``folder`` under bubblewrap (see the module docstring); ``entry``
+    "_serve": a warm sandbox that runs one job per line it reads (``WarmSandbox``)."""
     import glob
     from .plugins import available
     top = lambda path: path.partition(":")[0].split(".")[0]  # noqa: E731
@@ -345,7 +351,7 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None = None)
     argv += ["--setenv", "PYTHONSAFEPATH", "1", "--setenv", "HOME", str(folder)]
     root = str(Path(__file__).resolve().parents[1])   # this fdg_audit's folder (also when PYTHONPATH chose it)
     return argv + [sys.executable, "-P", "-c", "import sys; sys.path.insert(0, sys.argv[2]); "
-                   "from fdg_audit.sandbox import _main; _main(sys.argv[1])", str(folder), root]
+                   f"from fdg_audit.sandbox import {entry}; {entry}(sys.argv[1])", str(folder), root]
 
 
 def _main(folder: str) -> None:
@@ -356,6 +362,79 @@ def _main(folder: str) -> None:
     except (OSError, ValueError):
         sys.exit(1)
     _worker(folder, paths)
+
+
+def _serve(folder: str) -> None:
+    """Entry point of a warm sandbox: import the core once (never a plugin), then for each line on stdin fork one
+    job (``_main`` on the view folder the harness has just written), wait for it, and before answering "done" leave
+    nothing of it behind: every other process of the sandbox's PID namespace is killed, /tmp and /dev/shm are
+    emptied, System V IPC objects are removed, and POSIX message queues cannot be created (RLIMIT_MSGQUEUE 0).
+    The server is not dumpable, so a job cannot trace it; a job never sees stdin or stdout."""
+    import ctypes
+    import resource
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE = 0
+    import fdg_audit.harness  # noqa: F401   (the core, as the forkserver preloads it)
+    import torch._dynamo  # noqa: F401
+    for _ in sys.stdin:
+        pid = os.fork()
+        if pid == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            try:
+                resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+                _main(folder)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        _sweep(os.path.realpath(folder))
+        sys.stdout.write("done\n")
+        sys.stdout.flush()
+
+
+def _sweep(keep: str) -> None:
+    """Kill every process of this PID namespace but bubblewrap's init and this one, then empty the shared places
+    (all but the view folder ``keep``)."""
+    import time
+    me = os.getpid()
+    for _ in range(200):
+        live = []
+        for d in os.listdir("/proc"):
+            if d.isdigit() and int(d) not in (1, me):
+                try:
+                    if Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                        live.append(int(d))
+                except (OSError, IndexError):
+                    pass
+        if not live:
+            break
+        for q in live:
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.005)
+    for d in ("/tmp", "/dev/shm"):
+        _empty(d, keep)
+    subprocess.run(["ipcrm", "--all"], capture_output=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def _empty(d: str, keep: str) -> None:
+    """Remove everything in folder ``d`` but the path to ``keep`` (the view folder, which the harness empties)."""
+    for e in os.listdir(d) if os.path.isdir(d) and not os.path.islink(d) else []:
+        path = os.path.join(d, e)
+        if path == keep:
+            continue
+        if keep.startswith(path + "/"):
+            _empty(path, keep)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def _worker(folder: str, paths: dict) -> None:
@@ -480,6 +559,7 @@ def stop_workers() -> None:
         live = list(_LIVE)
     for p in live:
         _kill(p)
+    close_warm()
 
 
 def allow_workers() -> None:
@@ -493,26 +573,64 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
     ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control" |
     "describe"), optionally timeout (s) and memory_gb (``LIMITS``) and, for "run", run (protocol fields), adversary,
     me. ``types``: the output classes the parent accepts back. ``cache``: the attack's cache folder, read-only in
-    the view as ``cache/``."""
-    folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
+    the view as ``cache/``. Under bubblewrap the job runs in a warm sandbox of its attack (``WarmSandbox``)."""
     timeout = float(spec.get("timeout") or LIMITS["timeout"])
+    cache = cache if cache is not None and Path(cache).is_dir() else None
+    paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
+    bwrap = sandbox_mode() == "bwrap"
+    if bwrap:
+        data = _run_warm(spec, paths, ledger, envs, aux, cache, timeout)
+    else:
+        data = _run_once(spec, paths, ledger, envs, aux, cache, timeout, bwrap)
+    try:
+        res = decode(data, types)
+    except AttackFailed:
+        raise
+    except TypeError as e:
+        raise AttackFailed(str(e)) from None
+    if not isinstance(res, dict):
+        raise AttackFailed("the attack's result is not a mapping")
+    if "user_error" in res:
+        raise UserError(str(res["user_error"])[:2000])
+    if "error" in res:
+        raise AttackFailed(str(res["error"])[:2000], str(res.get("traceback", ""))[:100_000])
+    return res
+
+
+def _write_view(folder: Path, spec: dict, paths: dict, ledger, envs, aux, cache: Path | None) -> None:
+    """The view folder of one job: its envelopes and payloads, aux, a copy of the cache (where no read-only bind
+    holds it), view.json and paths.json."""
+    if spec["mode"] == "run":
+        materialise(folder, ledger, list(envs))
+        (folder / "aux.npz").write_bytes(encode(aux))
+    if cache is not None:
+        shutil.copytree(cache, folder / "cache")
+    threads = spec.get("threads") or torch.get_num_threads()
+    atomic_write(folder / "view.json", json.dumps(dict(spec, threads=threads), default=str))
+    atomic_write(folder / "paths.json", json.dumps(paths))
+
+
+def _no_result(code) -> AttackFailed:
+    return AttackFailed(f"the attack process exited with code {code} and no result"
+                        + (" (killed: over attack_memory_gb?)" if code in (-9, 137) else ""))
+
+
+def _timed_out(timeout: float) -> AttackFailed:
+    return AttackFailed(f"the attack process ran longer than attack_timeout = {timeout:g} s and was stopped")
+
+
+def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float, bwrap: bool) -> bytes:
+    """One job in a process of its own (bubblewrap, else a forkserver worker); the result's bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
     p = None
     try:
-        if spec["mode"] == "run":
-            materialise(folder, ledger, list(envs))
-            (folder / "aux.npz").write_bytes(encode(aux))
-        cache = cache if cache is not None and Path(cache).is_dir() else None
-        bwrap = sandbox_mode() == "bwrap"
-        if cache is not None:   # under bubblewrap a read-only bind of the folder, else a copy
-            shutil.copytree(cache, folder / "cache") if not bwrap else (folder / "cache").mkdir()
-        threads = spec.get("threads") or torch.get_num_threads()
-        atomic_write(folder / "view.json", json.dumps(dict(spec, threads=threads), default=str))
-        paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
+        _write_view(folder, spec, paths, ledger, envs, aux, cache if not bwrap else None)
+        if bwrap and cache is not None:
+            (folder / "cache").mkdir()   # the mount point of the read-only bind
         with _LOCK:
             if _STOP.is_set():
                 raise AttackFailed("stopped before it started (the harness is stopping)")
             if bwrap:
-                atomic_write(folder / "paths.json", json.dumps(paths))
                 p = subprocess.Popen(bwrap_argv(folder, spec, paths, cache), stdin=subprocess.DEVNULL, env=clean_env(),
                                      start_new_session=True)
             else:
@@ -528,28 +646,97 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
             p.join(timeout)
             code = p.exitcode
         if code is None:
-            raise AttackFailed(f"the attack process ran longer than attack_timeout = {timeout:g} s and was stopped")
+            raise _timed_out(timeout)
         data = read_result(folder)
         if data is None:
-            raise AttackFailed(f"the attack process exited with code {code} and no result"
-                               + (" (killed: over attack_memory_gb?)" if code in (-9, 137) else ""))
+            raise _no_result(code)
+        return data
     finally:
         if p is not None:
             _kill(p)
             with _LOCK:
                 _LIVE.discard(p)
         shutil.rmtree(folder, ignore_errors=True)
-    try:
-        res = decode(data, types)
-    except AttackFailed:
-        raise
-    except TypeError as e:
-        raise AttackFailed(str(e)) from None
-    if not isinstance(res, dict):
-        raise AttackFailed("the attack's result is not a mapping")
-    if "user_error" in res:
-        raise UserError(str(res["user_error"])[:2000])
-    if "error" in res:
-        raise AttackFailed(str(res["error"])[:2000], str(res.get("traceback", ""))[:100_000])
-    return res
 
+
+class WarmSandbox:
+    """One bubblewrap sandbox (``bwrap_argv``, entry ``_serve``) that runs the jobs of one attack in turn, each in a
+    process forked from a server that imported the core and no plugin: a job pays no interpreter start-up, and
+    reaches what a fresh sandbox would give it. Its view folder is written for the job and emptied after it (all
+    but the read-only ``cache/`` bind); the server leaves no process, temporary file or IPC object of a job to the
+    next (``_serve``). A job that runs over its time, or a server that dies, ends the sandbox."""
+
+    def __init__(self, spec: dict, paths: dict, cache: Path | None):
+        self.folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
+        if cache is not None:
+            (self.folder / "cache").mkdir()
+        self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, entry="_serve"), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, env=clean_env(), start_new_session=True)
+
+    def run(self, spec: dict, paths: dict, ledger, envs, aux, timeout: float) -> bytes:
+        import select
+        try:
+            _write_view(self.folder, spec, paths, ledger, envs, aux, None)
+            self.p.stdin.write(b"job\n")
+            self.p.stdin.flush()
+            ready = select.select([self.p.stdout], [], [], timeout)[0]
+            line = self.p.stdout.readline() if ready else b""
+        except (OSError, ValueError):   # the server is gone
+            line, ready = b"", True
+        data = read_result(self.folder)
+        for e in self.folder.iterdir():
+            if e.name != "cache":
+                shutil.rmtree(e, ignore_errors=True) if e.is_dir() and not e.is_symlink() else e.unlink()
+        if not ready:
+            raise _timed_out(timeout)
+        if line != b"done\n" or data is None:
+            raise _no_result(self.p.poll())
+        return data
+
+    def close(self) -> None:
+        _kill(self.p)
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_IDLE: dict = {}   # (attack, method named by path, device, cache) -> warm sandboxes waiting for a job
+
+
+def _run_warm(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float) -> bytes:
+    method = spec.get("run", {}).get("plugin", "")   # a method named by path binds its files: its own sandbox
+    key = (spec["attack"], method if ":" in method else "", spec.get("device", "cpu"), str(cache))
+    with _LOCK:
+        if _STOP.is_set():
+            raise AttackFailed("stopped before it started (the harness is stopping)")
+        box = _IDLE[key].pop() if _IDLE.get(key) else None
+        if box is None:
+            box = WarmSandbox(spec, paths, cache)
+            _LIVE.add(box.p)
+    ok = False
+    try:
+        data = box.run(spec, paths, ledger, envs, aux, timeout)
+        ok = True
+        return data
+    finally:
+        with _LOCK:
+            if ok and not _STOP.is_set():
+                _IDLE.setdefault(key, []).append(box)
+            else:
+                _LIVE.discard(box.p)
+        if not ok or _STOP.is_set():
+            box.close()
+
+
+def close_warm() -> None:
+    """End every idle warm sandbox (after an attack's jobs, and when the harness stops)."""
+    with _LOCK:
+        boxes = [b for v in _IDLE.values() for b in v]
+        _IDLE.clear()
+        for b in boxes:
+            _LIVE.discard(b.p)
+    for b in boxes:
+        b.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .api.attack import AttackParams
 from .data import DataConfig, load_data
 from .errors import UserError
 from .federation import cohort_on
@@ -258,7 +259,7 @@ def _attack_list(att) -> list:
     return att
 
 
-SHARED_ATTACK_KEYS = ("as_client", "max_victims", "targets", "seeds", "datasets", "seed")   # AttackParams: every attack takes them
+SHARED_ATTACK_KEYS = tuple(f.name for f in dataclasses.fields(AttackParams))   # every attack takes them
 
 
 def expand_attacks(entries: list) -> list:

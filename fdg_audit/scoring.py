@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from . import metrics as M, seeding
+from . import metrics as M, records, seeding
 from .api.attack import Audit, Aux, Estimate, Predictions, Reconstruction, Scores
 from .data import Split
 from .errors import UserError
@@ -51,7 +51,7 @@ class Truth:
     def held(self, victim: str, idx) -> np.ndarray:
         """Image ids the victim held: its training images (all of an aggregate "a+b"), and ``idx`` itself."""
         try:
-            own = self.record(victim, "train")["idx"]
+            own = self.record(victim, records.TRAIN)["idx"]
         except (UserError, StopIteration, KeyError, ValueError):   # not a client of the data set: only idx
             own = []
         return np.union1d(np.asarray(own, np.int64), np.asarray(idx, np.int64))
@@ -72,7 +72,7 @@ class Truth:
         return out, np.full(len(picks), k)
 
     def record(self, victim: str, name: str) -> dict:
-        if name == "train":
+        if name == records.TRAIN:
             return {"idx": np.concatenate([self.data.domain(v).train.idx for v in victim.split("+")])}
         f = RunFolder(self.root).truth_file(self.run_id, victim, name)
         if not f.exists():
@@ -120,72 +120,95 @@ def build_aux(data, target: str, need: tuple, seed: int = 0) -> tuple[Aux, dict]
 
 
 def score(out, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple | None]:
-    """Join one attack output with the truth: (metric, value, baseline) rows, and for a Reconstruction the
-    (truth, reconstruction, baseline) images as scored (matched and clamped; for the run folder's grids).
+    """Join one attack output with the truth through its class's scorer (``SCORERS``): (metric, value, baseline)
+    rows, and for a Reconstruction the (truth, reconstruction, baseline) images as scored (matched and clamped; for
+    the run folder's grids)."""
+    scorer = next((SCORERS[c] for c in type(out).__mro__ if c in SCORERS), None)
+    if scorer is None:
+        raise TypeError(f"attack returned {type(out).__name__}; return one of "
+                        f"{', '.join(c.__name__ for c in SCORERS)}")
+    return scorer(out, truth, members, aux)
+
+
+def _add(rows: list):
+    """``add(metric, value, baseline, items, base_items)``: append one scorer row to ``rows``."""
+    return lambda metric, value, baseline=float("nan"), items=None, base=None: rows.append(
+        dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
+
+
+def score_membership(out: Scores, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], None]:
+    """AUC (with its interval), the blind baseline and TPR at low FPR of membership scores."""
+    rows = []
+    add = _add(rows)
+    vs = out.victims or [out.victim]
+    lab = np.concatenate([members[v] for v in vs])
+    ids = np.concatenate([_image_ids(np.arange(len(members[v])), v) for v in vs])
+    blind = _blind_auc(aux, members, vs)
+    base = 0.5 if np.isnan(blind) else max(0.5, blind)   # a leak only above what no model gives
+    a, lo, hi = M.membership.auc_ci(out.scores, lab)
+    add("auc", a, base, M.stats.Items("auc", np.asarray(out.scores, float), lab.astype(int), ids))
+    add("auc_ci_low", lo, base)
+    add("auc_ci_high", hi, base)
+    add("blind_auc", blind, 0.5)
+    for f in (0.01, 0.001, 0.0):
+        add(f"tpr@{f:g}fpr", M.tpr_at_fpr(out.scores, lab, f), f)
+    return rows, None
+
+
+def score_predictions(out: Predictions, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], None]:
+    """Balanced accuracy of predicted classes or domains.
 
     Domain predictions: client ids are domain names, so whoever knows the victim knows its domain. leakage.csv keeps
     chance (1/K, a guesser that does not know the victim) as the baseline; the per-item baseline the scorecard pairs
     with the attack is the known-victim guess (the victim's domain; for an aggregate "a+b" its largest domain), so a
     scorecard cell reports only what goes beyond the victim's name (a single-domain victim's cell is vacuous)."""
-    rows, images = [], None
-    add = lambda metric, value, baseline=float("nan"), items=None, base=None: rows.append(  # noqa: E731
-        dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
-    I = M.stats.Items
-    if isinstance(out, Reconstruction):
-        rows, images = score_reconstruction(out, truth, aux)
-    elif isinstance(out, Scores):
-        vs = out.victims or [out.victim]
-        lab = np.concatenate([members[v] for v in vs])
-        ids = np.concatenate([_image_ids(np.arange(len(members[v])), v) for v in vs])
-        blind = _blind_auc(aux, members, vs)
-        base = 0.5 if np.isnan(blind) else max(0.5, blind)   # a leak only above what no model gives
-        a, lo, hi = M.membership.auc_ci(out.scores, lab)
-        add("auc", a, base, I("auc", np.asarray(out.scores, float), lab.astype(int), ids))
-        add("auc_ci_low", lo, base)
-        add("auc_ci_high", hi, base)
-        add("blind_auc", blind, 0.5)
-        for f in (0.01, 0.001, 0.0):
-            add(f"tpr@{f:g}fpr", M.tpr_at_fpr(out.scores, lab, f), f)
-    elif isinstance(out, Predictions):
-        rec = truth.record(out.victim, out.truth)
-        idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
-        _, y, doms = truth.images(idx)
-        true = y.numpy() if out.attribute == "class" else np.array([aux.domains.index(d) for d in doms])
-        ids = _image_ids(idx)
-        hit = lambda p: I("balanced_acc", (np.asarray(p) == true).astype(float), true, ids)  # noqa: E731
-        if out.attribute == "class":
-            add("class_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes), M.chance(out.n_classes),
-                hit(out.pred))
-        else:   # leakage.csv: chance; per item (the scorecard's): what the victim's name gives (``score``)
-            guess = np.full(len(true), np.bincount(true).argmax())
-            add("domain_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes), M.chance(out.n_classes),
-                hit(out.pred), hit(guess))
-    elif isinstance(out, Estimate):
-        y = truth.data.domain(out.victim).train.y.numpy()
-        one = lambda v: I("mean", np.array([float(v)]), ids=_image_ids([0], out.victim))  # noqa: E731  (item: victim)
-        if out.quantity == "n_samples":
-            # baseline: guess the size of the attacker's own public set (a domain it holds), when it has one
-            e = M.relative_error(float(np.ravel(out.value)[0]), len(y))
-            eb = M.relative_error(len(aux.public.y), len(y)) if aux.public is not None else float("nan")
-            add("n_samples_rel_error", e, eb, one(e), None if np.isnan(eb) else one(eb))
-        else:
-            counts = np.bincount(y, minlength=len(out.value))
-            prior = np.full(len(counts), len(y) / len(counts))
-            acc, accb = M.label_count_accuracy(np.asarray(out.value), counts), M.label_count_accuracy(prior, counts)
-            add("label_count_acc", acc, accb, one(acc), one(accb))
-            # the distribution alone (1 - total variation): the estimate rescaled to the true total, so an error in
-            # the victim's size (scored as dataset_size) does not count twice; the prior is already at that total
-            v = np.asarray(out.value, float)
-            dist = float(M.label_count_accuracy(v * len(y) / v.sum(), counts)) if v.sum() > 0 else float("nan")
-            add("label_dist_acc", dist, accb, one(dist), one(accb))
-            add("label_existence_f1", M.existence_f1(np.asarray(out.value), counts),
-                M.existence_f1(np.ones(len(counts)), counts))
-    elif isinstance(out, Audit):
-        rows += audit_rows(out, truth.record(out.victim, out.truth))
-    else:
-        raise TypeError(f"attack returned {type(out).__name__}; return Reconstruction, Scores, Predictions, "
-                        "Estimate or Audit")
-    return rows, images
+    rows = []
+    add = _add(rows)
+    rec = truth.record(out.victim, out.truth)
+    idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
+    _, y, doms = truth.images(idx)
+    true = y.numpy() if out.attribute == "class" else np.array([aux.domains.index(d) for d in doms])
+    ids = _image_ids(idx)
+    hit = lambda p: M.stats.Items("balanced_acc", (np.asarray(p) == true).astype(float), true, ids)  # noqa: E731
+    if out.attribute == "class":
+        add("class_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes), M.chance(out.n_classes),
+            hit(out.pred))
+    else:   # leakage.csv: chance; per item (the scorecard's): what the victim's name gives
+        guess = np.full(len(true), np.bincount(true).argmax())
+        add("domain_balanced_acc", M.balanced_accuracy(out.pred, true, out.n_classes), M.chance(out.n_classes),
+            hit(out.pred), hit(guess))
+    return rows, None
+
+
+def score_estimate(out: Estimate, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], None]:
+    """Relative error of a size estimate, or the accuracy of label counts (one item: the victim)."""
+    rows = []
+    add = _add(rows)
+    y = truth.data.domain(out.victim).train.y.numpy()
+    one = lambda v: M.stats.Items("mean", np.array([float(v)]), ids=_image_ids([0], out.victim))  # noqa: E731
+    if out.quantity == "n_samples":
+        # baseline: guess the size of the attacker's own public set (a domain it holds), when it has one
+        e = M.relative_error(float(np.ravel(out.value)[0]), len(y))
+        eb = M.relative_error(len(aux.public.y), len(y)) if aux.public is not None else float("nan")
+        add("n_samples_rel_error", e, eb, one(e), None if np.isnan(eb) else one(eb))
+        return rows, None
+    counts = np.bincount(y, minlength=len(out.value))
+    prior = np.full(len(counts), len(y) / len(counts))
+    acc, accb = M.label_count_accuracy(np.asarray(out.value), counts), M.label_count_accuracy(prior, counts)
+    add("label_count_acc", acc, accb, one(acc), one(accb))
+    # the distribution alone (1 - total variation): the estimate rescaled to the true total, so an error in
+    # the victim's size (scored as dataset_size) does not count twice; the prior is already at that total
+    v = np.asarray(out.value, float)
+    dist = float(M.label_count_accuracy(v * len(y) / v.sum(), counts)) if v.sum() > 0 else float("nan")
+    add("label_dist_acc", dist, accb, one(dist), one(accb))
+    add("label_existence_f1", M.existence_f1(np.asarray(out.value), counts),
+        M.existence_f1(np.ones(len(counts)), counts))
+    return rows, None
+
+
+def score_audit(out: Audit, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], None]:
+    """Empirical ε lower bounds of a DP audit (fdg_audit.privacy.audit)."""
+    return audit_rows(out, truth.record(out.victim, out.truth)), None
 
 
 N_DISTRACTORS = 99   # re-identification: the true image among 99 others of its domain (chance 1 %)
@@ -193,7 +216,7 @@ ALIGNMENT = "aligned (best circular shift and point inversion, for every channel
 BASELINE_KIND = "better of the attacker's public mean image and the flat image (true channel means), aligned the same way"
 
 
-def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple[list[dict], tuple]:
+def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple]:
     """One scorer for every reconstruction, whatever the channel: each image is aligned to its true image (shift
     and point inversion: the ambiguities of Fourier magnitudes, applied to every channel alike); with ``rows`` None
     the images are first matched one to one to the victim's training images (Hungarian, on aligned MSE).
@@ -231,8 +254,7 @@ def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple
     hit = M.reidentified(r, x, dis).numpy()
     chance = 1.0 / (1 + (int(n_dis.min()) if len(n_dis) else 0))
     rows = []
-    add = lambda metric, value, baseline=float("nan"), items=None, base=None: rows.append(  # noqa: E731
-        dict(metric=metric, value=float(value), baseline=float(baseline), items=items, base_items=base))
+    add = _add(rows)
     add("reid", hit.mean(), chance, per(hit), per(np.full(len(hit), chance)))
     add("psnr", ps.mean(), pb.mean(), per(ps), per(pb))
     add("psnr_plain", M.psnr(plain, x).mean(), pb.mean())
@@ -251,6 +273,12 @@ def score_reconstruction(out: Reconstruction, truth: "Truth", aux: Aux) -> tuple
     extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
                  n_distractors=int(n_dis.min()) if len(n_dis) else 0)
     return [row | extra for row in rows], (x, r, b)
+
+
+# The one table from output class to its scorer: a new output type adds its class (fdg_audit/api/attack.py) and a
+# line here (and its metrics to fdg_audit/metrics/registry.py).
+SCORERS = {Reconstruction: score_reconstruction, Scores: score_membership, Predictions: score_predictions,
+           Estimate: score_estimate, Audit: score_audit}
 
 
 def _image_ids(idx, victim: str = "") -> np.ndarray:

@@ -60,7 +60,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fdg_audit.api import Split, UserError
+from fdg_audit.api import Split, UserError, records
 from fdg_audit.api.method import MethodPlugin, Reply, register_kind
 
 from .fedavg import FedAvgClient, FedAvgServer, uniform_mean
@@ -358,7 +358,7 @@ class CCSTClient(FedAvgClient):
             rows = np.arange(n) if p.bank_size == 0 or p.bank_size >= n else \
                 np.sort(self.rng.choice(n, p.bank_size, replace=False))
             mean, std = image_styles(self.encoder, x[torch.as_tensor(rows, device=x.device)])
-            self.record_truth("style", idx=self.train.idx[rows])
+            self.record_truth(records.STYLE, idx=self.train.idx[rows])
         return Reply("style_bank", {"mean": mean.contiguous(), "std": std.contiguous()})
 
     def on_bank(self, msg):

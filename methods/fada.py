@@ -81,7 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fdg_audit.api import Net, UserError
+from fdg_audit.api import Net, UserError, records
 from fdg_audit.api.method import (Client, MethodPlugin, Party, Reply, Server, TrainParams, default_build, load_arrays,
                                  make_optimizer, register_kind, state_arrays)
 
@@ -257,7 +257,7 @@ class FADAClient(Client):
         rows = torch.cat(list(self.batch_indices(steps=self.params.feature_batches)))
         with torch.no_grad():
             f = encode(self.model, self.train.x[rows.to(self.train.x.device)])
-        self.record_truth(f"features_r{self.round}", idx=self.train.idx[rows.numpy()])
+        self.record_truth(records.FEATURES.format(round=self.round), idx=self.train.idx[rows.numpy()])
         return Reply("features", {"features": f})
 
     @torch.no_grad()

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fdg_audit.api import UserError
+from fdg_audit.api import UserError, records
 from fdg_audit.api.method import MethodPlugin, Reply
 from fdg_audit.api.privacy import per_sample
 
@@ -139,7 +139,7 @@ class FedDGClient(FedAvgClient):
         amp = amplitude(self.train.x[rows.to(self.train.x.device)], getattr(torch, p.bank_dtype))
         if p.bank_content == "window":
             amp = central(amp, half_window(p, *amp.shape[-2:]))
-        self.record_truth("amp", idx=self.train.idx[rows.numpy()])
+        self.record_truth(records.AMP, idx=self.train.idx[rows.numpy()])
         return Reply("amplitude_bank", {"amp": amp.contiguous()})
 
     def on_bank_relay(self, msg):

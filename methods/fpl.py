@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fdg_audit.api import UserError
+from fdg_audit.api import UserError, records
 from fdg_audit.api.method import MethodPlugin, Reply, load_arrays, state_arrays
 
 from .fedavg import FedAvgClient, FedAvgServer, uniform_mean
@@ -139,9 +139,9 @@ class FPLClient(FedAvgClient):
         present = torch.nonzero(self.counts > 0).flatten()
         if not self.truth_done:
             y = self.train.y.cpu().numpy()
-            self.record_truth("proto", idx=self.train.idx, y=y, counts=self.counts.cpu().long())
+            self.record_truth(records.PROTO, idx=self.train.idx, y=y, counts=self.counts.cpu().long())
             for c in present.tolist():
-                self.record_truth(f"proto_c{c}", idx=self.train.idx[y == c])
+                self.record_truth(records.PROTO_CLASS.format(c=c), idx=self.train.idx[y == c])
             self.truth_done = True
         proto = self.sums[present] / self.counts[present, None]
         return Reply("prototypes", {"proto": proto.contiguous(), "classes": present.cpu()})

@@ -1,10 +1,12 @@
-"""Shared test helpers: run a tiny scenario from TOML text into a temporary folder."""
+"""Shared test helpers: build a tiny scenario (``tiny_scenario``) and run it from TOML text into a temporary folder."""
+import copy
 import csv
 import os
 import textwrap
 from pathlib import Path
 
 import pytest
+import tomli_w
 import torch
 
 from fdg_audit.runner import run_scenario
@@ -20,6 +22,29 @@ def pytest_configure(config):
     ``FDG_AUDIT_SANDBOX=bwrap python -m pytest`` runs every attack test in it. (A hook, not module code: test
     modules are attack plugins that workers import.)"""
     os.environ.setdefault("FDG_AUDIT_SANDBOX", "process")
+
+
+TINY = {"name": "t", "threads": 1, "report": False,
+        "data": {"dataset": "digits", "family": "rotated", "domains": ["rot0", "rot15", "rot30"], "per_domain": 40,
+                 "targets": ["rot0"]},
+        "model": {"arch": "cnn_small"},
+        "train": {"rounds": 1, "batch_size": 16},
+        "methods": [{"name": "fedavg"}]}
+
+
+def tiny_scenario(*layers: dict, **overrides) -> str:
+    """The TOML text of a small real scenario (``TINY``: FedAvg on three rotated-digit domains of 40 images, one
+    round of cnn_small, no report) changed by ``layers`` (dicts, e.g. a test module's own base) and then
+    ``overrides``, each key replacing a top-level key: a table (dict) is merged into the scenario's own
+    (``data=dict(per_domain=80)`` changes one key and keeps the others; a key set to None goes), any other value
+    replaces it (``methods=[...]``, ``attacks=[...]``, ``seeds=[0, 1]``); None drops the key."""
+    raw = copy.deepcopy(TINY)
+    for layer in (*layers, overrides):
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(raw.get(key), dict):
+                value = {k: v for k, v in {**raw[key], **value}.items() if v is not None}
+            raw[key] = copy.deepcopy(value)
+    return tomli_w.dumps({k: v for k, v in raw.items() if v is not None})
 
 
 def public_split(text: str) -> str:

@@ -26,7 +26,7 @@ from fdg_audit.runner import run_scenario
 from methods.fedavg import FedAvgClient, FedAvgServer
 from methods.fedavg import Params as FedAvgParams
 
-from conftest import leakage_rows as rows
+from conftest import leakage_rows as rows, tiny_scenario
 
 
 @dataclass
@@ -64,29 +64,11 @@ class FakeBank(MethodPlugin):
     kinds = ("n_samples", "amplitude_bank", "weights")
 
 
-SCENARIO = """
-name = "amp"
-threads = 1
-report = false
-[data]
-dataset = "digits"
-family = "{family}"
-domains = {domains}
-per_domain = 80
-targets = ["{target}"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 1
-batch_size = 32
-[[methods]]
-name = "{method}"
-label = "m"
-{param}
-"""
 FAKE = f"{__name__}:FakeBank"
-ROT = dict(family="rotated", domains='["rot0", "rot15", "rot45", "rot75"]', target="rot75", method=FAKE,
-           param='bank_content = "full"')
+AMP = dict(name="amp", data=dict(per_domain=80), train=dict(batch_size=32))
+ROT = dict(data=dict(family="rotated", domains=["rot0", "rot15", "rot45", "rot75"], targets=["rot75"]),
+           methods=[dict(name=FAKE, label="m", bank_content="full")])
+APP = dict(ROT, data=dict(family="appearance", domains=["grey", "colour", "inverted", "texture"], targets=["texture"]))
 PR, FP, AI = "amplitude_phase_retrieval", "amplitude_fingerprint", "amplitude_attribute"
 FAST_PR = dict(name="amplitude_phase_retrieval", hio=100, er=50, restarts=2, max_images=8, render_restarts=16,
                render_keep=2, render_steps=[200, 400])
@@ -97,10 +79,10 @@ def runs(tmp_path_factory):
     """Finished run folders (attacks re-run on them): rotated full bank, rotated window bank, appearance."""
     out, made = tmp_path_factory.mktemp("amp"), {}
 
-    def get(key, **fmt):  # one run per key
+    def get(key, *layers):  # one run per key
         if key not in made:
             f = out / f"{key}.toml"
-            f.write_text(SCENARIO.format(**fmt))
+            f.write_text(tiny_scenario(AMP, *layers))
             made[key] = run_scenario(str(f), out=str(out / key), quiet=True)
         return made[key]
     return get
@@ -119,7 +101,7 @@ def value(root, **match):
 
 @pytest.mark.parametrize("adversary", ["client", "server", "eavesdropper"])
 def test_each_adversary_reads_the_banks_it_observed(runs, adversary):
-    root = runs("rot", **ROT)
+    root = runs("rot", ROT)
     runs, data = load_runs(root)
     run = next(iter(runs.values()))
     clients = run.clients
@@ -193,7 +175,7 @@ def test_each_image_stops_at_its_own_plateau():
 
 
 def test_phase_retrieval_outputs_record_iterations_cpu_and_rule(runs):
-    root = runs("rot", **ROT)
+    root = runs("rot", ROT)
     run = next(iter(load_runs(root)[0].values()))
     view = AdversaryView(Ledger.open(root), run.protocol(), "server", "server", torch.device("cpu"))
     atk = PhaseRetrieval(PhaseRetrieval.Params(adversary_view="server", variants=["box"], hio=40, er=20, restarts=1,
@@ -206,7 +188,7 @@ def test_phase_retrieval_outputs_record_iterations_cpu_and_rule(runs):
 
 
 def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):
-    root = runs("rot", **ROT)
+    root = runs("rot", ROT)
     run_attacks(root, [FAST_PR], quiet=True)
     victims = ["rot15", "rot45"]                     # the curious client is rot0, the first client
     for victim in victims:
@@ -247,15 +229,14 @@ def test_render_prior_recovers_rotated_digits_exactly():
 
 
 def test_render_is_skipped_without_a_recipe(runs):
-    root = runs("app", **dict(ROT, family="appearance", domains='["grey", "colour", "inverted", "texture"]',
-                              target="texture"))
+    root = runs("app", APP)
     run_attacks(root, [dict(FAST_PR, variants=["render"])], quiet=True)
     got = rows(root, attack=PR)
     assert got and all(r["metric"] == "skipped" and "publishes no recipe" in r["status"] for r in got)
 
 
 def test_server_view_attacks_every_client(runs):
-    root = runs("rot", **ROT)
+    root = runs("rot", ROT)
     run_attacks(root, [dict(FAST_PR, adversary_view="server", variants=["box"], max_images=4)], quiet=True)
     assert {r["victim"] for r in rows(root, attack=PR)} == {"rot0", "rot15", "rot45"}
     assert {r["adversary"] for r in rows(root, attack=PR)} == {"server"}
@@ -264,7 +245,7 @@ def test_server_view_attacks_every_client(runs):
 
 
 def test_window_bank_skips_phase_retrieval_but_not_the_fingerprint(runs):
-    root = runs("rot_window", **dict(ROT, param='bank_content = "window"'))
+    root = runs("rot_window", ROT, dict(methods=[dict(name=FAKE, label="m", bank_content="window")]))
     run_attacks(root, [FAST_PR, dict(name="amplitude_fingerprint")], quiet=True)
     skipped = rows(root, attack=PR)
     assert skipped and all(r["metric"] == "skipped" and r["status"].startswith("skipped: the bank holds a (5, 5)")
@@ -302,7 +283,7 @@ def test_perturbation_is_a_non_circular_shift_plus_gain_and_noise():
 
 
 def test_fingerprint_finds_members_and_controls_hold(runs):
-    root = runs("rot", **ROT)
+    root = runs("rot", ROT)
     run_attacks(root, [dict(name="amplitude_fingerprint")], quiet=True)
     for victim in ("rot15", "rot45", "pooled"):
         auc, base = value(root, attack=FP, victim=victim, output="exact", metric="auc")
@@ -326,8 +307,7 @@ def test_radial_profile_ignores_orientation():
 
 
 def test_attribute_inference_beats_chance(runs):
-    root = runs("app", **dict(ROT, family="appearance", domains='["grey", "colour", "inverted", "texture"]',
-                              target="texture"))
+    root = runs("app", APP)
     run_attacks(root, [dict(name="amplitude_attribute")], quiet=True)
     for victim in ("colour", "inverted"):
         # the appearance of a site is in its amplitude (inverted differs from grey only at DC: radial keeps it)
@@ -345,7 +325,7 @@ def test_attribute_inference_beats_chance(runs):
 def test_feddg_bank_is_attacked(runs):
     """The real method's bank through the same attacks."""
     pytest.importorskip("methods.feddg")
-    root = runs("feddg", **dict(ROT, method="feddg", param=""))
+    root = runs("feddg", ROT, dict(methods=[dict(name="feddg", label="m")]))
     run_attacks(root, [dict(FAST_PR, variants=["support_domain"]), dict(name="amplitude_fingerprint")], quiet=True)
     assert value(root, attack=FP, victim="pooled", output="exact", metric="auc")[0] == 1.0
     ps, base = value(root, attack=PR, victim="rot15", output="support_domain", metric="psnr")

@@ -16,22 +16,10 @@ from methods.ccst import CCST, build_encoder, decode, image_styles, learned_enco
 from methods.ccst import Params as CCSTParams
 from methods.fpl import cluster_prototypes, finch, prototype_loss
 
-SCEN = """
-name = "t"
-[data]
-dataset = "digits"
-family = "appearance"
-per_domain = 40
-domains = {domains}
-label_skew = {skew}
-targets = ["grey"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 16
-lr = 0.05
-"""
+from conftest import tiny_scenario
+
+APPEARANCE = dict(data=dict(family="appearance", domains=["grey", "colour", "inverted", "texture"], targets=["grey"]),
+                  train=dict(rounds=2, lr=0.05))
 
 
 def test_linear_encoder_decodes_exactly_and_stylize_moves_the_statistics():
@@ -141,12 +129,8 @@ def test_ccst_single_style_uploads_J_entries_with_their_ids():
 
 
 def test_ccst_run_relays_the_whole_bank_uniform_weights_no_n_samples(run_toml):
-    root = run_toml(SCEN.format(domains='["grey", "colour", "inverted", "texture"]', skew=0.0) + """
-[[methods]]
-name = "ccst"
-style = "single"
-bank_size = 3
-""")
+    root = run_toml(tiny_scenario(APPEARANCE, data=dict(label_skew=0.0),
+                                  methods=[dict(name="ccst", style="single", bank_size=3)]))
     envs = Ledger.open(root).envelopes
     led = Ledger.open(root)
     ups = {e.sender: led.payload(e) for e in envs if e.kind == "style_bank" and e.sender != "server"}
@@ -206,10 +190,7 @@ def test_fpl_loss_matches_the_official_per_sample_loop():
 
 
 def test_fpl_protocol_prototypes_from_round_two_one_per_class_with_three_clients(run_toml):
-    root = run_toml(SCEN.format(domains='["grey", "colour", "inverted", "texture"]', skew=0.5) + """
-[[methods]]
-name = "fpl"
-""")
+    root = run_toml(tiny_scenario(APPEARANCE, data=dict(label_skew=0.5), methods=[dict(name="fpl")]))
     led = Ledger.open(root)
     envs = led.envelopes
     down = [e for e in envs if e.kind == "prototypes" and e.sender == "server"]

@@ -17,33 +17,16 @@ from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig, build_model
 from methods import copa, fedga, fedsr
 
+from conftest import tiny_scenario
+
 CLIENTS = ["rot0", "rot30", "rot60"]
-TINY = """
-name = "t"
-threads = 1
-report = false
-engine = "{engine}"
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot30", "rot60", "rot75"]
-per_domain = 40
-targets = ["rot75"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 16
-lr = 0.05
-"""
+COPA = dict(data=dict(domains=[*CLIENTS, "rot75"], targets=["rot75"]), train=dict(rounds=2, lr=0.05))
 
 
 def scenario(*methods, engine="local"):
-    text = TINY.format(engine=engine)
-    for m in methods:
-        name, label, *opts = m
-        text += f'[[methods]]\nname = "{name}"\nlabel = "{label}"\n' + "".join(f"{o}\n" for o in opts)
-    return text
+    """The tiny scenario with ``methods``: (name, label, {its settings}) each."""
+    return tiny_scenario(COPA, engine=engine, methods=[dict(name=name, label=label, **(opts[0] if opts else {}))
+                                                       for name, label, *opts in methods])
 
 
 def runs(root):
@@ -53,7 +36,7 @@ def runs(root):
 # ------------------------------------------------------------------------------------------ COPA
 
 def test_copa_sends_every_head_to_every_client_and_averages_f(run_toml):
-    root = run_toml(scenario(("methods.copa:COPA", "copa"), ("methods.copa:COPA", "noisy", "agg_noise = 0.5")))
+    root = run_toml(scenario(("methods.copa:COPA", "copa"), ("methods.copa:COPA", "noisy", dict(agg_noise=0.5))))
     led = Ledger.open(root)
     assert all(r["status"] == "ok" for r in runs(root).values())
     env = [e for e in led.envelopes if e.run.split("/")[1] == "copa"]
@@ -162,7 +145,8 @@ def test_copa_ensemble_and_augmentation():
 # ------------------------------------------------------------------------------------------ FedSR
 
 def test_fedsr_sends_only_the_model_never_r(run_toml):
-    root = run_toml(scenario(("methods.fedsr:FedSR", "fedsr"), ("methods.fedsr:FedSR", "off", 'variant = "official"')))
+    root = run_toml(scenario(("methods.fedsr:FedSR", "fedsr"),
+                             ("methods.fedsr:FedSR", "off", dict(variant="official"))))
     led = Ledger.open(root)
     assert all(r["status"] == "ok" for r in runs(root).values())
     keys = sorted(fedsr.FedSRNet(build_model(ModelConfig(), 1, 10, 28), 0, 10, 20).state_dict())
@@ -252,7 +236,7 @@ def test_ga_update_on_hand_made_gaps():
 
 @pytest.mark.parametrize("variant", ["paper", "official"])
 def test_fedga_metrics_in_the_ledger_drive_the_aggregation(run_toml, variant):
-    root = run_toml(scenario(("methods.fedga:FedGA", "ga", f'variant = "{variant}"', "rounds = 3")))
+    root = run_toml(scenario(("methods.fedga:FedGA", "ga", dict(variant=variant, rounds=3))))
     led = Ledger.open(root)
     assert runs(root)["ga"]["status"] == "ok"
     assert {e.kind for e in led.envelopes if e.sender != "server"} == {"weights", "metric"}

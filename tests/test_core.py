@@ -17,22 +17,10 @@ from fdg_audit.runner import plan
 from fdg_audit.scenario import load_raw
 from methods.fedavg import FedAvg, FedAvgServer
 
-TINY = """
-name = "tiny"
-[data]
-dataset = "digits"
-family = "rotated"
-per_domain = 80
-targets = ["rot0"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 16
-lr = 0.05
-[[methods]]
-name = "fedavg"
-"""
+from conftest import tiny_scenario
+
+CORE = dict(name="tiny", data=dict(per_domain=80, domains=None), train=dict(rounds=2, lr=0.05))   # default domains
+TINY = tiny_scenario(CORE)
 
 
 def keys(root, run=None):
@@ -120,12 +108,12 @@ def cli(*args, cwd=None):
 
 
 @pytest.mark.parametrize("text,needle", [
-    (TINY.replace("rounds = 2", "rounds = 2\nroundz = 3"), "unknown key train.roundz: allowed keys are"),
-    (TINY.replace('dataset = "digits"', 'dataset = "folder"\nroot = "/no/such/PACS"'), "/no/such/PACS"),
-    (TINY.replace('name = "fedavg"', 'name = "fedavgg"'), "fedavgg"),
-    (TINY.replace("[model]", "[model]\nwidth = 3"), "unknown key model.width"),
-    (TINY.replace("lr = 0.05", "lr = 0.05\noptimizer = \"adamw\""), "optimizer = 'adamw'"),
-    (TINY.replace("rounds = 2", "rounds = 0"), "rounds = 0"),
+    (tiny_scenario(CORE, train=dict(roundz=3)), "unknown key train.roundz: allowed keys are"),
+    (tiny_scenario(CORE, data=dict(dataset="folder", root="/no/such/PACS")), "/no/such/PACS"),
+    (tiny_scenario(CORE, methods=[dict(name="fedavgg")]), "fedavgg"),
+    (tiny_scenario(CORE, model=dict(width=3)), "unknown key model.width"),
+    (tiny_scenario(CORE, train=dict(optimizer="adamw")), "optimizer = 'adamw'"),
+    (tiny_scenario(CORE, train=dict(rounds=0)), "rounds = 0"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, text, needle):
     f = tmp_path / "bad.toml"
@@ -137,14 +125,14 @@ def test_bad_input_is_a_one_line_error(tmp_path, text, needle):
 
 def test_unknown_plugin_lists_registered_names(tmp_path):
     f = tmp_path / "s.toml"
-    f.write_text(TINY.replace('name = "fedavg"', 'name = "nope"'))
+    f.write_text(tiny_scenario(CORE, methods=[dict(name="nope")]))
     with pytest.raises(UserError, match="registered name.*fedavg"):
         plan(load_raw(f))
 
 
 def test_set_overrides_and_sweep_expansion(tmp_path):
     f = tmp_path / "s.toml"
-    f.write_text(TINY + '\n[sweep]\n"methods.fedavg.lr" = [0.1, 0.01]\n')
+    f.write_text(tiny_scenario(CORE, sweep={"methods.fedavg.lr": [0.1, 0.01]}))
     runs = plan(load_raw(f, ["seeds=[0, 1]", "data.targets=['rot0', 'rot15']", "methods.fedavg.batch_size=8"]))
     assert len(runs) == 2 * 2 * 2
     assert {r["params"].lr for r in runs} == {0.1, 0.01} and {r["params"].batch_size for r in runs} == {8}
@@ -165,7 +153,8 @@ class Exploding(MethodPlugin):
 def test_failed_run_is_recorded_and_others_kept(tmp_path):
     from fdg_audit.runner import run_scenario
     f = tmp_path / "s.toml"
-    f.write_text(TINY + '\n[[methods]]\nname = "tests.test_core:Exploding"\nlabel = "exploding"\n')
+    f.write_text(tiny_scenario(CORE, methods=[dict(name="fedavg"), dict(name="tests.test_core:Exploding",
+                                                                        label="exploding")]))
     with pytest.raises(RuntimeError, match="1 run\\(s\\) failed"):
         run_scenario(str(f), out=str(tmp_path / "runs"), quiet=True)
     root = next((tmp_path / "runs" / "tiny").iterdir())
@@ -177,7 +166,7 @@ def test_failed_run_is_recorded_and_others_kept(tmp_path):
 
 def test_fedavg_beats_single_source_on_held_out_domain(run_toml):
     """FedAvg over five rotated sources beats the average single-source model on the held-out rot30."""
-    base = TINY.replace("per_domain = 80", "").replace("rounds = 2", "rounds = 6\nlocal_epochs = 2")
+    base = tiny_scenario(CORE, data=dict(per_domain=None), train=dict(rounds=6, local_epochs=2))
     acc = lambda r: json.loads((r / "summary.json").read_text())["runs"][0]["target_acc"]
     fed = acc(run_toml(base, "data.targets=['rot30']", "train.lr=0.02"))
     single = [acc(run_toml(base, "data.targets=['rot30']", "train.lr=0.02", f"data.domains=['rot30', '{s}']"))

@@ -11,25 +11,10 @@ from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from methods.csac import CSACClient, Params, attention_weights, fuse, fusion_weights, mk_mmd
 
-TINY = """
-name = "t"
-threads = 1
-report = false
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot30", "rot60", "rot75"]
-per_domain = 30
-targets = ["rot0"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 8
-[[methods]]
-name = "csac"
-acquire_epochs = 1
-"""
+from conftest import tiny_scenario
+
+TINY = tiny_scenario(data=dict(domains=["rot0", "rot30", "rot60", "rot75"], per_domain=30),
+                     train=dict(rounds=2, batch_size=8), methods=[dict(name="csac", acquire_epochs=1)])
 
 
 def test_fusion_weights_follow_eq4():

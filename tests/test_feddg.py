@@ -12,25 +12,11 @@ from fdg_audit.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from methods.feddg import FedDGClient, Params, amplitude, central, half_window, mix
 
-TINY = """
-name = "t"
-threads = 1
-report = false
-engine = "{engine}"
-[data]
-dataset = "digits"
-family = "appearance"
-domains = ["grey", "colour", "inverted", "texture"]
-per_domain = 30
-targets = ["grey"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 1
-batch_size = 16
-[[methods]]
-name = "feddg"
-"""
+from conftest import tiny_scenario
+
+FEDDG = dict(data=dict(family="appearance", domains=["grey", "colour", "inverted", "texture"], per_domain=30,
+                       targets=["grey"]), methods=[dict(name="feddg")])
+TINY = tiny_scenario(FEDDG)
 
 
 def images(n=6, c=3, h=28, w=28, seed=0):
@@ -134,7 +120,7 @@ def test_transform_uses_only_the_relayed_banks():
 @pytest.mark.parametrize("opts", [{}, dict(bank_fraction=0.5, bank_content="window", bank_dtype="float64")])
 def test_bank_in_ledger_is_the_clients_amplitude_and_relay_is_exact(run_toml, opts):
     sets = [f"methods.feddg.{k}={v!r}".replace("'", '"') for k, v in opts.items()]
-    run = run_toml(TINY.format(engine="local"), *sets)
+    run = run_toml(TINY, *sets)
     led, p = Ledger.open(run), Params(**opts)
     data = load_data(DataConfig(dataset="digits", family="appearance", domains=["grey", "colour", "inverted", "texture"], per_domain=30))
     run_id = led.envelopes[0].run
@@ -167,8 +153,8 @@ def test_bank_in_ledger_is_the_clients_amplitude_and_relay_is_exact(run_toml, op
 
 
 def test_feddg_runs_in_the_process_engine_with_the_same_ledger(run_toml):
-    local = Ledger.open(run_toml(TINY.format(engine="local"), name="a"))
-    proc = Ledger.open(run_toml(TINY.format(engine="process"), name="b"))
+    local = Ledger.open(run_toml(TINY, name="a"))
+    proc = Ledger.open(run_toml(tiny_scenario(FEDDG, engine="process"), name="b"))
     assert [e.sha256 for e in proc.envelopes] == [e.sha256 for e in local.envelopes]
     assert any(e.kind == "amplitude_bank" for e in proc.envelopes)
 
@@ -220,8 +206,8 @@ def test_per_example_gradients_are_each_examples_own_episodic_gradient():
 
 
 def test_window_relay_sends_only_the_windows_and_trains_the_same(run_toml):
-    full = Ledger.open(run_toml(TINY.format(engine="local"), name="a"))
-    win = Ledger.open(run_toml(TINY.format(engine="local"), "methods.feddg.relay=\"window\"", name="b"))
+    full = Ledger.open(run_toml(TINY, name="a"))
+    win = Ledger.open(run_toml(TINY, "methods.feddg.relay=\"window\"", name="b"))
     relay = lambda led: [e for e in led.envelopes if e.phase == "bank_relay"]  # noqa: E731
     assert sum(e.wire_bytes for e in relay(win)) < 0.05 * sum(e.wire_bytes for e in relay(full))
     for e in relay(win):
@@ -231,8 +217,8 @@ def test_window_relay_sends_only_the_windows_and_trains_the_same(run_toml):
 
 
 def test_feddg_trains_under_example_level_dp_sgd(run_toml):
-    text = TINY.format(engine="local").replace("rounds = 1", "rounds = 2") + \
-        "[privacy]\ndp_sgd = true\nnoise_multiplier = 1.0\nmax_grad_norm = 1.0\naccountant = \"rdp\"\n"
+    text = tiny_scenario(FEDDG, train=dict(rounds=2),
+                         privacy=dict(dp_sgd=True, noise_multiplier=1.0, max_grad_norm=1.0, accountant="rdp"))
     root = run_toml(text)
     import csv
     rows = [r for r in csv.DictReader(open(root / "privacy.csv")) if r["mechanism"] == "dp_sgd"]

@@ -220,3 +220,38 @@ def test_sigint_at_any_moment_is_one_line(copy, delay):  # noqa: F811
     os.killpg(p.pid, signal.SIGINT)   # the terminal's Ctrl-C: the whole foreground process group
     err = p.communicate(timeout=300)[1]
     assert p.returncode == 2 and err.count("\n") == 1 and err.startswith("error: interrupted"), err
+
+
+def _stash_cleanup() -> None:
+    """What the Stash plugin leaves on the host when it runs as a plain process."""
+    import ctypes
+    subprocess.run(["pkill", "-f", "fdg-stash-sleeper"], capture_output=True)
+    for d in ("/tmp", "/dev/shm"):
+        Path(d, "fdg_stash").unlink(missing_ok=True)
+    libc = ctypes.CDLL(None)
+    shm = libc.shmget(0x5a17, 0, 0)
+    if shm >= 0:
+        libc.shmctl(shm, 0, None)   # IPC_RMID
+    ctypes.CDLL("librt.so.1").mq_unlink(b"/fdg_stash")
+
+
+@needs_bwrap
+def test_a_warm_sandbox_carries_nothing_from_one_job_to_the_next(copy, monkeypatch):  # noqa: F811
+    """Under bubblewrap the jobs of an attack share one warm sandbox (its control, then its run here): a file in
+    /tmp, /dev/shm or the view folder, a process, a System V segment or a POSIX queue left by the first job is gone
+    for the second. The same plugin as plain processes (no sandbox) finds what it left: the probe works."""
+    import fdg_audit.sandbox as sb
+    started = []
+    init = sb.WarmSandbox.__init__
+    monkeypatch.setattr(sb.WarmSandbox, "__init__", lambda self, *a: started.append(1) or init(self, *a))
+    found = {}
+    try:
+        for mode in ("bwrap", "process"):
+            monkeypatch.setenv("FDG_AUDIT_SANDBOX", mode)
+            run_attacks(copy, [{"name": "hostile:Stash"}], quiet=True)
+            found[mode] = _reason(copy, "hostile_stash")
+    finally:
+        _stash_cleanup()
+    assert started == [1], started                     # both jobs ran in one sandbox
+    assert found["bwrap"] == [], found["bwrap"]
+    assert {"/tmp", "/dev/shm", "process", "sysv_shm", "mqueue"} <= set(found["process"]), found["process"]

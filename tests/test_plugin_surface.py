@@ -25,19 +25,31 @@ def core_imports(path: Path) -> list[str]:
     return bad
 
 
+def offenders(check, *folders: str) -> dict:
+    """{file: what ``check`` finds in it} for the Python files below ``folders`` (of the repository)."""
+    files = [f for d in folders for f in sorted((ROOT / d).rglob("*.py"))]
+    assert files
+    return {str(f.relative_to(ROOT)): b for f in files if (b := check(f))}
+
+
 @pytest.mark.parametrize("folder", ["attacks", "methods"])
 def test_plugins_import_only_the_api(folder):
-    files = sorted((ROOT / folder).rglob("*.py"))
-    assert files
-    bad = {str(f.relative_to(ROOT)): b for f in files if (b := core_imports(f))}
+    bad = offenders(core_imports, folder)
     assert not bad, f"plugins import the core instead of fdg_audit.api: {bad}"
 
 
-def test_core_imports_catches_every_form(tmp_path):
+@pytest.mark.parametrize("check,text,found", [
+    ("core_imports", "import fdg_audit.data\nfrom fdg_audit import metrics, api\nfrom fdg_audit.api import seeding\n"
+     "import fdg_audit.api.attack\nfrom . import sibling\ndef g():\n    from fdg_audit.errors import UserError\n",
+     ["1: fdg_audit.data", "2: fdg_audit.metrics", "7: fdg_audit.errors"]),
+    ("literal_record_names", "self.record_truth('amp', idx=i)\nc.record_truth(f'proto_c{c}')\nReconstruction(v, k, 1, "
+     "x, truth='amp')\nPredictions(truth=records.AMP)\nself.record_truth(records.STYLE, idx=i)\n",
+     ["1: 'amp'", "2: f'proto_c{c}'", "3: 'amp'"]),
+])
+def test_the_checks_catch_every_form(tmp_path, check, text, found):
     f = tmp_path / "p.py"
-    f.write_text("import fdg_audit.data\nfrom fdg_audit import metrics, api\nfrom fdg_audit.api import seeding\n"
-                 "import fdg_audit.api.attack\nfrom . import sibling\ndef g():\n    from fdg_audit.errors import UserError\n")
-    assert core_imports(f) == ["1: fdg_audit.data", "2: fdg_audit.metrics", "7: fdg_audit.errors"]
+    f.write_text(text)
+    assert globals()[check](f) == found
 
 
 def test_every_attack_describes_its_outputs():
@@ -47,3 +59,20 @@ def test_every_attack_describes_its_outputs():
         outputs = ep.load().outputs
         assert isinstance(outputs, dict) and outputs, ep.name
         assert all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in outputs.items()), ep.name
+
+
+def literal_record_names(path: Path) -> list[str]:
+    """"line: text" of every ground-truth record name written as a string in a file: the first argument of
+    ``record_truth(...)`` and the ``truth=`` of an output, where ``fdg_audit.api.records`` declares the names."""
+    calls = [n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)]
+    name = lambda c: getattr(c.func, "attr", getattr(c.func, "id", ""))  # noqa: E731
+    names = [c.args[0] for c in calls if c.args and name(c) == "record_truth"]
+    names += [k.value for c in calls for k in c.keywords if k.arg == "truth"]
+    return [f"{a.lineno}: {ast.unparse(a)}" for a in names if isinstance(a, (ast.Constant, ast.JoinedStr))]
+
+
+def test_record_names_are_declared_once_and_used_by_both_sides():
+    """Methods (and the privacy layer) record ground truth, and attacks name it, with the constants of
+    fdg_audit.records, never a string agreed in two places."""
+    bad = offenders(literal_record_names, "methods", "attacks", "fdg_audit/privacy")
+    assert not bad, f"record names written as strings: {bad}"

@@ -28,6 +28,8 @@ from fdg_audit.api import DataConfig, ModelConfig, UserError, build_model, load_
 from fdg_audit.api import metrics as M
 from fdg_audit.api.method import TrainParams, make_optimizer
 
+from conftest import tiny_scenario
+
 
 @pytest.fixture(scope="module")
 def digits():
@@ -131,41 +133,12 @@ def test_learned_prior_in_update_inversion_is_not_worse_than_pixel_space(digits)
         UpdateInversion(dataclasses.replace(p, prior="gan"))
 
 
-SCENARIO = """
-name = "prior"
-threads = 1
-report = false
-[data]
-dataset = "mnist"
-family = "rotated"
-domains = ["rot0", "rot15", "rot45"]
-per_domain = 60
-targets = ["rot0"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 1
-batch_size = 32
-[[methods]]
-name = "test_amplitude_attacks:FakeBank"
-label = "m"
-[[attacks]]
-name = "amplitude_phase_retrieval"
-variants = ["box", "learned"]
-hio = 60
-er = 20
-restarts = 2
-learned_steps = 20
-max_images = 4
-prior_steps = 200
-[[attacks]]
-name = "update_inversion"
-prior = "learned"
-iterations = 10
-restarts = 1
-max_victims = 1
-prior_steps = 200
-"""
+SCENARIO = tiny_scenario(
+    name="prior", data=dict(dataset="mnist", domains=["rot0", "rot15", "rot45"], per_domain=60),
+    train=dict(batch_size=32), methods=[dict(name="test_amplitude_attacks:FakeBank", label="m")],
+    attacks=[dict(name="amplitude_phase_retrieval", variants=["box", "learned"], hio=60, er=20, restarts=2,
+                  learned_steps=20, max_images=4, prior_steps=200),
+             dict(name="update_inversion", prior="learned", iterations=10, restarts=1, max_victims=1, prior_steps=200)])
 
 
 def test_both_attacks_name_the_learned_prior_through_the_pipeline(run_toml):

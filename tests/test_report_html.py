@@ -19,29 +19,10 @@ from fdg_audit.report.curves import by_size
 from fdg_audit.report.pageone import MAX_LINES, sentences
 from fdg_audit.report.traffic import bytes_table
 
-TINY = """
-name = "tiny_html"
-threads = 1
-seeds = [0, 1]
-[data]
-dataset = "digits"
-family = "rotated"
-per_domain = 40
-domains = ["rot0", "rot15", "rot30"]
-targets = ["rot0"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 1
-batch_size = 16
-[[methods]]
-name = "fedavg"
-[[methods]]
-name = "feddg"
-[[attacks]]
-name = "mia_loss"
-max_victims = 1
-"""
+from conftest import tiny_scenario
+
+TINY = tiny_scenario(name="tiny_html", report=None, seeds=[0, 1], methods=[dict(name="fedavg"), dict(name="feddg")],
+                     attacks=[dict(name="mia_loss", max_victims=1)])   # report: the default (written)
 
 W, H = 1280, 900
 # a measuring probe appended to a copy of the page: writes where page one's parts are into the DOM

@@ -7,28 +7,12 @@ import pytest
 
 from fdg_audit.federation import select_round
 
-TWO = """
-name = "two"
-threads = 1
-seeds = [0, 1]
-[data]
-dataset = "digits"
-family = "rotated"
-split_seed = 0         # a public split: two folders can be compared (unset, each folder draws a secret one)
-per_domain = 60
-domains = ["rot0", "rot15", "rot30"]
-targets = ["rot0"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 16
-lr = 0.05
-[[methods]]
-name = "fedavg"
-[[methods]]
-name = "feddg"
-"""
+from conftest import tiny_scenario
+
+# split_seed: a public split, so two folders can be compared (unset, each folder draws a secret one)
+RUNS = dict(name="two", seeds=[0, 1], data=dict(split_seed=0, per_domain=60), train=dict(rounds=2, lr=0.05),
+            methods=[dict(name="fedavg"), dict(name="feddg")])
+TWO = tiny_scenario(RUNS)
 
 
 def _digest(root):
@@ -89,15 +73,8 @@ def test_a_parallel_run_error_is_one_line_and_stops_the_other_runs(run_toml):
 def test_parallel_attacks_write_what_serial_attacks_write(run_toml):
     """The attack phase two worker processes at a time (parallel = 2, one thread each) writes leakage.csv,
     controls.json and every items/*.npz as the same attacks one at a time on one thread do."""
-    attacks = TWO + """
-[[attacks]]
-name = "amplitude_fingerprint"
-[[attacks]]
-name = "label_distribution"
-[[attacks]]
-name = "mia_loss"
-max_victims = 1
-"""
+    attacks = tiny_scenario(RUNS, attacks=[dict(name="amplitude_fingerprint"), dict(name="label_distribution"),
+                                          dict(name="mia_loss", max_victims=1)])
     seq = run_toml(attacks, "report=false", name="aseq")
     par = run_toml(attacks, "report=false", "parallel=2", name="apar")
     for f in ("leakage.csv", "controls.json"):
@@ -114,8 +91,7 @@ def test_a_batch_job_says_one_line_per_run_and_per_attack(tmp_path):
     import re
     import subprocess
     import sys
-    (tmp_path / "s.toml").write_text(TWO.replace("seeds = [0, 1]", 'seeds = [0]\nattacks = [{name = "dataset_size"}]\n'
-                                                                   "report = false"))
+    (tmp_path / "s.toml").write_text(tiny_scenario(RUNS, seeds=[0], attacks=[dict(name="dataset_size")]))
     with open(tmp_path / "err.txt", "w") as err:
         p = subprocess.run([sys.executable, "-m", "fdg_audit", "scenario", str(tmp_path / "s.toml"), "--out",
                             str(tmp_path / "runs")], stderr=err, stdout=subprocess.PIPE, text=True, timeout=600,

@@ -276,7 +276,7 @@ def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", 
     ``privacy``: privacy.csv rows given the run id."""
     import json
 
-    from fdg_audit.report import scorecard as SC
+    from fdg_audit.report import curves as CV
     from fdg_audit.report import tables as T
     from fdg_audit.runfolder import RunFolder
     from test_report import LEAK_FIELDS, fabricate, leak_row, write_csv
@@ -380,14 +380,14 @@ def test_reconstruction_cells_state_prior_budget_and_capabilities_and_the_oracle
     assert dg["capabilities"] == "architecture+local_hyperparams+public_data+layout"
     assert avg["capabilities"] == "architecture+local_hyperparams+public_data"
     assert dg["diff_ref"] == ""                                                     # different priors: no Δ
-    from fdg_audit.report import scorecard as SC
+    from fdg_audit.report import curves as CV
     from fdg_audit.report import tables as T
     from fdg_audit.report.threat import capabilities
     assert capabilities(DESC, "gen") == "architecture+local_hyperparams+public_data+generator"
-    assert {r["output"] for r in SC.per_victim(T.load([root])) if r["oracle"]} == {"gen"}
+    assert {r["output"] for r in CV.per_domain(T.load([root])) if r["oracle"]} == {"gen"}
     from fdg_audit.report import write_report
     md = write_report([root], tmp_path / "out").read_text()
-    assert "| gen (oracle: upper bound) |" in md
+    assert "| pr: gen (oracle: upper bound) |" in md
     from test_report import md_table
     legend = {(r["attack"], r["variant"]): r for r in md_table(md, "attack", after="## Attacks and their threat")}
     assert (legend[("pr", "frame")]["prior"], legend[("pr", "frame")]["budget"]) == ("layout", "400x2")
@@ -517,8 +517,9 @@ def test_outputs_declared_apart_get_their_own_row(tmp_path):
 
 
 def test_attacks_declare_their_threat_model_for_attacks_json():
-    """Attack.threat resolves the declarations against the parameters (default budget: iterations x restarts); the
-    harness refuses a prior or capability outside the contract's vocabulary."""
+    """Attack.threat resolves the declarations against the parameters: the budget an attack declares (iterations x
+    restarts), none inferred from the names of its fields; the harness refuses a prior or capability outside the
+    contract's vocabulary."""
     from dataclasses import dataclass
 
     from fdg_audit.api.attack import AttackParams
@@ -534,7 +535,9 @@ def test_attacks_declare_their_threat_model_for_attacks_json():
     class A(Attack):
         name, consumes, Params = "a", ("weights",), P
         priors = {"*": "none"}
-    assert A().threat() == dict(priors={"*": "none"}, budget={"*": [30, 3]}, knows=[], rows={})
+    assert A().threat() == dict(priors={"*": "none"}, budget={}, knows=[], rows={})   # fields named so: no budget
+    A.budget = {"*": (("iterations",), "restarts")}
+    assert A().threat()["budget"] == {"*": [30, 3]}
     A.budget = {"*": (("iterations", "stages"), "")}
     assert A(P(stages=[5, 7])).threat()["budget"] == {"*": [42, 1]}
     with pytest.raises(UserError, match="not in the priors"):

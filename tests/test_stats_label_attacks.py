@@ -9,23 +9,10 @@ from attacks.stats import DatasetSize, NormStatsDomain
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.errors import UserError
 
-BASE = """
-name = "t"
-[data]
-dataset = "digits"
-family = "appearance"
-per_domain = 100
-domains = ["grey", "colour", "inverted", "texture"]
-label_skew = 0.5
-targets = ["grey"]
-[model]
-arch = "cnn_small"
-norm = "{norm}"
-[train]
-rounds = 1
-batch_size = 16
-lr = 0.05
-"""
+from conftest import tiny_scenario
+
+BASE = dict(data=dict(family="appearance", per_domain=100, domains=["grey", "colour", "inverted", "texture"],
+                      label_skew=0.5, targets=["grey"]), train=dict(lr=0.05))
 
 
 from conftest import leakage_rows as rows  # noqa: E402
@@ -70,21 +57,11 @@ def test_count_estimator_algebra():
 
 
 def test_bn_run_sizes_labels_and_domains(run_toml):
-    root = run_toml(BASE.format(norm="batch") + """
-[[methods]]
-name = "fedavg"
-[[methods]]
-name = "fedavg"
-label = "uniform"
-weighting = "uniform"
-[[attacks]]
-name = "dataset_size"
-[[attacks]]
-name = "label_distribution"
-[[attacks]]
-name = "norm_stats_domain"
-shadow_batches = 4
-""")
+    root = run_toml(tiny_scenario(BASE, model=dict(norm="batch"),
+                                  methods=[dict(name="fedavg"),
+                                           dict(name="fedavg", label="uniform", weighting="uniform")],
+                                  attacks=[dict(name="dataset_size"), dict(name="label_distribution"),
+                                           dict(name="norm_stats_domain", shadow_batches=4)]))
     r = rows(root)
     size = {(x["method"], x["victim"]): x for x in r if x["metric"] == "n_samples_rel_error"}
     assert all(float(x["value"]) == 0.0 and x["output"] == "sent" for (m, _), x in size.items() if m == "fedavg")
@@ -106,16 +83,8 @@ shadow_batches = 4
 
 
 def test_group_norm_run_skips_bn_attack_and_estimates_size_from_the_update(run_toml):
-    root = run_toml(BASE.format(norm="group") + """
-[[methods]]
-name = "fedavg"
-weighting = "uniform"
-[[attacks]]
-name = "dataset_size"
-max_steps = 40
-[[attacks]]
-name = "norm_stats_domain"
-""")
+    root = run_toml(tiny_scenario(BASE, model=dict(norm="group"), methods=[dict(name="fedavg", weighting="uniform")],
+                                  attacks=[dict(name="dataset_size", max_steps=40), dict(name="norm_stats_domain")]))
     r = rows(root)
     assert all(x["status"].startswith("skipped") for x in r if x["attack"] == "norm_stats_domain")
     size = [x for x in r if x["attack"] == "dataset_size"]

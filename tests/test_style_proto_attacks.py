@@ -8,22 +8,15 @@ from attacks.prototypes import ClassPresence, PrototypeInversion
 from attacks.style import StyleAttribute, StyleFingerprint, StyleInversion, perturb, signature
 from fdg_audit.api.attack import AdversaryView
 
-BASE = """
-name = "t"
-[data]
-dataset = "digits"
-family = "appearance"
-per_domain = {per_domain}
-domains = ["grey", "colour", "inverted", "texture"]
-label_skew = {skew}
-targets = ["grey"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 1
-batch_size = 16
-lr = 0.05
-"""
+from conftest import tiny_scenario
+
+BASE = dict(data=dict(family="appearance", domains=["grey", "colour", "inverted", "texture"], targets=["grey"]),
+            train=dict(lr=0.05))
+
+
+def scenario(per_domain: int, skew: float, methods: list, attacks: list = ()) -> str:
+    return tiny_scenario(BASE, data=dict(per_domain=per_domain, label_skew=skew), methods=methods,
+                         **({"attacks": list(attacks)} if attacks else {}))
 
 
 from conftest import leakage_rows as rows  # noqa: E402
@@ -51,20 +44,9 @@ def test_signature_is_gain_invariant_and_perturb_stays_an_image():
 
 
 def test_style_attacks_on_single_styles(run_toml):
-    root = run_toml(BASE.format(per_domain=60, skew=0.0) + """
-[[methods]]
-name = "ccst"
-style = "single"
-bank_size = 0
-[[attacks]]
-name = "style_fingerprint"
-[[attacks]]
-name = "style_attribute"
-[[attacks]]
-name = "style_inversion"
-steps = 30
-max_images = 4
-""")
+    root = run_toml(scenario(60, 0.0, [dict(name="ccst", style="single", bank_size=0)],
+                             [dict(name="style_fingerprint"), dict(name="style_attribute"),
+                              dict(name="style_inversion", steps=30, max_images=4)]))
     r = rows(root)
     fp = [x for x in r if x["attack"] == "style_fingerprint" and x["metric"] == "auc" and x["victim"] != "pooled"]
     assert {x["victim"] for x in fp} == {"inverted", "texture"}               # the curious client is "colour"
@@ -83,18 +65,9 @@ max_images = 4
 
 
 def test_overall_style_attacks(run_toml):
-    root = run_toml(BASE.format(per_domain=40, skew=0.0) + """
-[[methods]]
-name = "ccst"
-[[attacks]]
-name = "style_attribute"
-shadow_sets = 8
-[[attacks]]
-name = "style_inversion"
-steps = 10
-overall_batch = 4
-variants = ["pixels"]
-""")
+    root = run_toml(scenario(40, 0.0, [dict(name="ccst")],
+                             [dict(name="style_attribute", shadow_sets=8),
+                              dict(name="style_inversion", steps=10, overall_batch=4, variants=["pixels"])]))
     r = rows(root)
     dom = [x for x in r if x["metric"] == "domain_balanced_acc"]
     assert len(dom) == 2 and not any(x["metric"] == "class_balanced_acc" for x in r)   # no per-image class
@@ -102,15 +75,8 @@ variants = ["pixels"]
 
 
 def test_prototype_attacks_on_fpl(run_toml):
-    root = run_toml(BASE.format(per_domain=60, skew=0.5) + """
-[[methods]]
-name = "fpl"
-[[attacks]]
-name = "prototype_classes"
-[[attacks]]
-name = "prototype_inversion"
-steps = 20
-""")
+    root = run_toml(scenario(60, 0.5, [dict(name="fpl")],
+                             [dict(name="prototype_classes"), dict(name="prototype_inversion", steps=20)]))
     r = rows(root)
     f1 = [x for x in r if x["attack"] == "prototype_classes" and x["metric"] == "label_existence_f1"]
     assert len(f1) == 3 and all(float(x["value"]) == 1.0 for x in f1)        # the message lists the classes
@@ -123,10 +89,7 @@ steps = 20
 
 
 def test_prototype_inversion_uses_only_what_the_server_saw(run_toml, monkeypatch):
-    root = run_toml(BASE.format(per_domain=40, skew=0.0) + """
-[[methods]]
-name = "fpl"
-""")
+    root = run_toml(scenario(40, 0.0, [dict(name="fpl")]))
     seen = []
     orig = AdversaryView.messages
     monkeypatch.setattr(AdversaryView, "messages", lambda self, **kw: seen.append(self.me) or orig(self, **kw))

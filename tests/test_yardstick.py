@@ -41,12 +41,12 @@ def test_reid_calibration_noisy_copy_at_22db_is_found_and_the_mean_image_is_not(
     assert torch.allclose(M.psnr(noisy, x), torch.full((len(x),), 22.0), atol=1e-3)
     out = Reconstruction("rot0", "weights", 1, noisy, rows=rows)
     truth.record = lambda v, n: {"idx": d.train.idx}   # the victim's record: its training images
-    got, _ = score_reconstruction(out, truth, _aux(truth))
+    got, _ = score_reconstruction(out, truth, {}, _aux(truth))
     reid = _row(got, "reid")
     assert reid["value"] >= 0.95 and reid["baseline"] == pytest.approx(1 / (1 + N_DISTRACTORS))
     assert reid["n_distractors"] == N_DISTRACTORS
     mean = truth.public_images(["rot0", "rot15"]).mean(0, keepdim=True).expand_as(x).contiguous()
-    got_m, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, mean, rows=rows), truth, _aux(truth))
+    got_m, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, mean, rows=rows), truth, {}, _aux(truth))
     assert _row(got_m, "reid")["value"] <= 0.1
     # the mean image is one of the baselines: its PSNR is the baseline's (the flat image may be better)
     assert _row(got_m, "psnr")["value"] <= _row(got_m, "psnr")["baseline"] + 1e-6
@@ -80,7 +80,7 @@ def test_one_scorer_same_pair_same_number_whatever_the_attack(truth):
             Reconstruction("rot0", "weights", 1, img, rows=rows, aligned=False, flat_baseline=True),
             Reconstruction("rot0", "weights", 1, img.flip(0), rows=None)]   # unordered: matched to the truth
     truth.record = lambda v, n: {"idx": d.train.idx[rows]}
-    scored = [{r["metric"]: (r["value"], r["baseline"]) for r in score_reconstruction(o, truth, _aux(truth))[0]}
+    scored = [{r["metric"]: (r["value"], r["baseline"]) for r in score_reconstruction(o, truth, {}, _aux(truth))[0]}
               for o in outs]
     for m in ("reid", "psnr", "ssim", "success@20dB", "success@25dB"):
         assert scored[0][m] == pytest.approx(scored[1][m]) and scored[0][m] == pytest.approx(scored[2][m]), m
@@ -120,3 +120,31 @@ name = "csac"
     runs = plan(load_raw(str(f)))
     same = [[c.train.idx.tolist() for c in r["data"].clients("rot0")] for r in runs]
     assert all(s == same[0] for s in same)
+
+
+def test_score_dispatches_on_the_output_class_through_one_table(monkeypatch):
+    """``score`` looks the output's class (or its nearest base class) up in ``SCORERS``: a new output type is one
+    entry there, a subclass of an output is scored as its base, and an unknown type names the types it takes."""
+    from dataclasses import dataclass
+
+    from fdg_audit import scoring
+    from fdg_audit.api.attack import Scores
+
+    @dataclass
+    class Count:
+        victim: str
+        value: float
+
+    class MyScores(Scores):
+        pass
+
+    monkeypatch.setitem(scoring.SCORERS, Count, lambda out, truth, members, aux: (
+        [dict(metric="count", value=out.value, baseline=0.0)], None))
+    assert scoring.score(Count("v", 3.0), None, {}, None) == ([dict(metric="count", value=3.0, baseline=0.0)], None)
+    m = np.r_[np.ones(10), np.zeros(10)]
+    mine = scoring.score(MyScores("v", "weights", 1, m.copy()), None, {"v": m}, Aux())[0]
+    base = scoring.score(Scores("v", "weights", 1, m.copy()), None, {"v": m}, Aux())[0]
+    np.testing.assert_equal([(r["metric"], r["value"]) for r in mine], [(r["metric"], r["value"]) for r in base])
+    assert base[0]["metric"] == "auc" and base[0]["value"] == 1.0
+    with pytest.raises(TypeError, match="Reconstruction, Scores, Predictions, Estimate, Audit, Count"):
+        scoring.score("junk", None, {}, None)

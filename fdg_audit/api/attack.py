@@ -15,8 +15,9 @@ scorecard's ``prior``, ``budget`` and ``capabilities`` columns (``Attack.threat`
   output. "none": box/smoothness only; "layout": the data set's public support or frame; "learned": a generative model
   trained on the attacker's declared public data; "oracle": the data set's own generator (an upper bound, never the
   scorecard's headline). ``budget`` ({output variant or "*": (iteration params, restart param)}): the names of the
-  ``Params`` fields whose sum is the iteration count and the one that counts restarts ("" = one start); default
-  ``{"*": (("iterations",) or ("steps",), "restarts" or "")}`` from the fields ``Params`` has. ``knows``: the
+  ``Params`` fields whose sum is the iteration count (a cap where a plateau rule, ``Reconstruction.plateau``, may stop
+  earlier) and the one that counts restarts ("" = one start), e.g. ``{"*": (("iterations",), "restarts")}``; declared
+  by every attack that optimises (nothing is inferred from field names; none declared: budget "—"). ``knows``: the
   capabilities (``CAPABILITIES``, the gradient-inversion SoK's vocabulary as LeakPro encodes it) the attack uses
   beyond what ``aux`` and its priors imply. ``rows`` ({output variant: setting in words}): outputs the scorecard
   reports in a row of their own (a weaker attacker's setting, e.g. perturbed copies), never competing with the
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import seeding
+from .. import records, seeding
 from ..data import Split
 from ..errors import UserError
 from ..ledger import Ledger
@@ -87,15 +88,15 @@ def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list
 @dataclass
 class Reconstruction:
     """Images an attack rebuilt from an artifact. ``truth`` names the ground-truth record the rows refer
-    to: a truth file written by the victim (e.g. the bank's image ids) or "train" (match against the
-    victim's whole training set with the Hungarian algorithm; the baseline images are matched on their own,
-    so they get the same advantage). With truth "train", ``victim`` may join several clients with "+"
-    (an aggregate of their data, e.g. what a curious client sees)."""
+    to (a name of ``fdg_audit.api.records``): a truth file written by the victim (e.g. the bank's image ids) or
+    "train" (match against the victim's whole training set with the Hungarian algorithm; the baseline images are
+    matched on their own, so they get the same advantage). With truth "train", ``victim`` may join several clients
+    with "+" (an aggregate of their data, e.g. what a curious client sees)."""
     victim: str
     artifact: str
     round: int
     images: torch.Tensor          # (N, C, H, W) in [0, 1]
-    truth: str = "train"
+    truth: str = records.TRAIN    # a name of fdg_audit.records
     rows: Any = None              # indices into the truth record, aligned with images; None = match
     aligned: bool = False         # score with aligned PSNR (Fourier ambiguities: shifts, point inversion)
     variant: str = ""
@@ -128,7 +129,7 @@ class Predictions:
     attribute: str
     pred: np.ndarray
     n_classes: int
-    truth: str = "train"
+    truth: str = records.TRAIN
     rows: Any = None
     variant: str = ""
 
@@ -155,7 +156,7 @@ class Audit:
     delta: float
     epsilon: float = float("inf")   # the accountant's ε of the audited mechanism (inf: no mechanism)
     independent: bool = False     # the canaries are independent trials (independent noise per canary row)
-    truth: str = "canaries"
+    truth: str = records.CANARIES
     variant: str = ""
 
 
@@ -189,7 +190,7 @@ class Attack:
     aux: tuple = ()
     outputs: dict = {}            # output variant -> what it assumes, in words ("" = the attack's main output)
     priors: dict = {}             # output variant ("*": all) -> one of PRIORS (reconstructions; module doc)
-    budget: dict = {}             # output variant ("*": all) -> (iteration params, restart param); {} = default
+    budget: dict = {}             # output variant ("*": all) -> (iteration params, restart param); {} = none
     knows: tuple = ()             # CAPABILITIES used beyond those aux and priors imply
     rows: dict = {}               # output variant -> a setting the scorecard reports in a row of its own
     Params = AttackParams
@@ -210,9 +211,7 @@ class Attack:
         fields = dataclasses.asdict(self.p)
         total = lambda names: int(sum(sum(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
                                       for v in (fields[n] for n in names)))
-        spec = self.budget or {"*": (tuple(n for n in ("iterations", "steps") if n in fields)[:1],
-                                     "restarts" if "restarts" in fields else "")}
-        budget = {v: [total(its), int(fields[r]) if r else 1] for v, (its, r) in spec.items() if its}
+        budget = {v: [total(its), int(fields[r]) if r else 1] for v, (its, r) in self.budget.items() if its}
         return dict(priors={str(k): str(v) for k, v in self.priors.items()}, budget=budget,
                     knows=[str(k) for k in self.knows], rows={str(k): str(v) for k, v in self.rows.items()})
 

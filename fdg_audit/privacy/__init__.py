@@ -45,6 +45,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 
+from .. import records
 from ..errors import UserError
 from .accounting import epsilon, new_accountant
 from .artifacts import ArtifactMechanism, GaussianRows
@@ -173,7 +174,7 @@ def prepare_client(client) -> None:
     a = cfg.audit
     if a.update_canaries and (not a.clients or client.id in a.clients):
         from .client_dp import canary_coins
-        client.record_truth("update_canaries", member=canary_coins(client.run_id, client.id, a.update_canaries,
+        client.record_truth(records.UPDATE_CANARIES, member=canary_coins(client.run_id, client.id, a.update_canaries,
                                                                    a.seed))
 
 

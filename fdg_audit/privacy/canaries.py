@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import seeding
+from .. import records, seeding
 from ..data import Split
 
 CANARY_STREAM = 0x0CA7   # spawn key of the client's private coin flips
@@ -72,4 +72,4 @@ def insert_canaries(client, audit) -> None:
     sel = torch.as_tensor(np.flatnonzero(keep), device=dev, dtype=torch.long)
     t = client.train
     client.train = Split(torch.cat([t.x, x[sel]]), torch.cat([t.y, y[sel]]), np.concatenate([t.idx, ids[keep]]))
-    client.record_truth("canaries", member=member, idx=ids)
+    client.record_truth(records.CANARIES, member=member, idx=ids)

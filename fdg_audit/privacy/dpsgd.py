@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from .. import seeding
+from .. import records, seeding
 from ..errors import UserError
 from .accounting import epsilon
 
@@ -134,7 +134,7 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
         coins = client.stream(CANARY_STREAM, 1)
         st.canaries = (gradient_canary_coordinates(m, sum(q.numel() for q in model.parameters() if q.requires_grad),
                                                    cfg.audit.seed), coins.random(m) < 0.5)
-        client.record_truth("gradient_canaries", member=st.canaries[1])
+        client.record_truth(records.GRADIENT_CANARIES, member=st.canaries[1])
     per_example = loss_fn.grad_sample if isinstance(loss_fn, PerSample) else None
     loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
     opt = opt or _optimizer(p, model)

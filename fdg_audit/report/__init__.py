@@ -255,29 +255,6 @@ def _scorecard_md(res, card) -> list[str]:
     return md
 
 
-def _victims_md(res) -> list[str]:
-    rows = SC.per_victim(res)
-    if not rows:
-        return []
-    md = ["### Reconstruction per victim domain", "",
-          "Mean PSNR (dB) over runs of each victim's reconstructions, per attack and variant (leakage.csv; no "
-          "selection, every victim shown), with the trivial baseline. Variants with the oracle prior (the data set's "
-          "own generator) are upper bounds, labelled so, never a scorecard headline.", ""]
-    for key in dict.fromkeys((r["key"], r["attack"]) for r in rows):
-        rs = [r for r in rows if (r["key"], r["attack"]) == key]
-        victims = list(dict.fromkeys(r["victim"] for r in rs))
-        outs = list(dict.fromkeys(r["output"] for r in rs))
-        cell = {(r["output"], r["victim"]): r for r in rs}
-        oracle = {r["output"] for r in rs if r.get("oracle")}
-        body = [[(o or "main") + (" (oracle: upper bound)" if o in oracle else "")]
-                + [fmt(cell[(o, v)]["value"], 1) if (o, v) in cell else "—" for v in victims] for o in outs]
-        body.append(["baseline"] + [fmt(next(r["baseline"] for r in rs if r["victim"] == v), 1) for v in victims])
-        heads = [victim_tag(v).replace("@", "/") for v in victims]   # a curious client's "a+...+z", shortened
-        md += [f"**{md_text(res.label(key[0]), 120)}, {md_text(key[1], 120)}**", "",
-               md_table(["variant"] + heads, body), ""]
-    return md
-
-
 def _tradeoff_md(res, files) -> list[str]:
     if not files:
         return []
@@ -360,7 +337,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     md = [f"# fdg_audit report: {md_text(', '.join(dict.fromkeys(res.scenarios)), 200)}", ""]
     md += page_one_md(res, card, comps, curve, by, [f for _, f in trade_files])
     md += _scorecard_md(res, card) + CMP.between_md(comps) + legend_md(res) + verdict_md(res, card)
-    md += differences_md(comps) + _victims_md(res) + CV.curve_md(res, curve, curve_files)
+    md += differences_md(comps) + CV.domain_md(res, CV.per_domain(res)) + CV.curve_md(res, curve, curve_files)
     md += _tradeoff_md(res, trade_files) + _runs_md(res, run_dirs, runs_md)
     md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
     md += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files]) + _privacy_md(res, acc, eps, eps_files)

@@ -1,10 +1,16 @@
-"""Reconstruction against the client's data size (issue 19, item 3): where a dataset gives its clients fixed
+"""Reconstruction against the client's data size and per victim domain.
+
+Size (issue 19, item 3): where a dataset gives its clients fixed
 training-set sizes (``data.client_sizes``, e.g. [1, 4, 16, 64]), every reconstruction attack's per-victim rows of
 leakage.csv are grouped by the victim's size. One point per (group, attack, output variant, size): the mean over the
 attacked victims (one per run and source domain) of the reconstruction headline (the registry's card metric, the same
 for every channel: ``HEADLINE``) and of PSNR, each with its 95% Student-t interval over those victims cut to the
 metric's range, their number, and the same for the attack's own baseline. The output's prior and budget come from
 attacks.json (report/threat.py); an oracle prior is an upper bound, flagged so, and drawn dashed.
+
+Domain (``per_domain``): the same per-victim rows grouped by the victim's domain (a client "<domain>/<k>" belongs to
+<domain>; a domain-level client is its own domain), every channel of a method in one table, so the bank's and the
+weights' leak on each domain sit side by side.
 """
 from __future__ import annotations
 
@@ -87,3 +93,49 @@ def curve_md(res: T.Results, rows: list[dict], files: list[str]) -> list[str]:
         md += [f"**{metric}**", "", md_table(["method, attack (variant)", "prior", "budget"]
                                              + [f"{n} images" for n in sizes], body), ""]
     return md + [f"![reconstruction against client data size](plots/{f})" for f in files] + [""]
+
+
+def domain_of(victim: str) -> str:
+    """The domain of a victim: "mnistm/2" -> "mnistm"; a domain-level client or an aggregate "a+b" as it is."""
+    return victim if "+" in victim else victim.partition("/")[0]
+
+
+def per_domain(res: T.Results) -> list[dict]:
+    """One row per (group, attack, output, victim domain, metric): mean [95% t-interval] over the attacked victims
+    of that domain (every run and client) of the headline and PSNR, with n, next to the baseline treated the same."""
+    gof = res.group_of()
+    by = defaultdict(list)
+    for r in res.leakage:
+        if r["metric"] in METRICS and r["run"] in gof and r.get("status") in ("ok", "") and r["victim"] != "pooled":
+            by[(gof[r["run"]], r["attack"], r.get("output") or "main", domain_of(r["victim"]), r["metric"])].append(r)
+    return [dict(key=g, attack=a, output=o, domain=d, metric=m, oracle=TH.prior(res.attacks.get(a, {}), o) == ORACLE,
+                 value=_ci([num(r["value"]) for r in rs], METRICS[m]),
+                 baseline=_ci([num(r["baseline"]) for r in rs], METRICS[m]))
+            for (g, a, o, d, m), rs in by.items()]
+
+
+def domain_md(res: T.Results, rows: list[dict]) -> list[str]:
+    """The report's per-domain section: per group one table, a row per attack and variant (every channel), a
+    column per victim domain holding the headline and PSNR, each with its baseline."""
+    if not rows:
+        return []
+    md = ["## Reconstruction per victim domain", "",
+          f"Per method, every reconstruction attack (every channel) and variant: {HEADLINE} and PSNR (dB) of the "
+          "victims of each domain, mean [95% t-interval] over them (n: victims × runs), with the baseline of the "
+          "same victims. Variants with the oracle prior are upper bounds, labelled so.", ""]
+    cells = {(r["key"], r["attack"], r["output"], r["domain"], r["metric"]): r for r in rows}
+    for g in dict.fromkeys(r["key"] for r in rows):
+        doms = list(dict.fromkeys(r["domain"] for r in rows if r["key"] == g))
+        body = []
+        for a, o in dict.fromkeys((r["attack"], r["output"]) for r in rows if r["key"] == g):
+            got = [[cells.get((g, a, o, d, m)) for m in METRICS] for d in doms]
+            oracle = any(c and c["oracle"] for cs in got for c in cs)
+            body.append([f"{a}: {o}" + (" (oracle: upper bound)" if oracle else "")]
+                        + [" / ".join(_cell(c["value"], 1 if m == "psnr" else 2) if c else "—"
+                                      for c, m in zip(cs, METRICS))
+                           + (f" (n = {cs[0]['value']['n']})" if cs[0] else "") for cs in got])
+            body.append([f"{a}: {o}, baseline"] + [" / ".join(_cell(c["baseline"], 1 if m == "psnr" else 2)
+                                                               if c else "—" for c, m in zip(cs, METRICS))
+                                                    for cs in got])
+        md += [f"**{res.label(g)}** ({HEADLINE} / PSNR dB)", "", md_table(["attack: variant"] + doms, body), ""]
+    return md

@@ -1,16 +1,17 @@
 """Page one (issue 33, item 1): the answer in at most 25 lines, generated from the numbers only, opening report.md
 and report.html and closing the terminal output.
 
-* At most five sentences (``sentences``), each over every dataset family: which channel of which method leaks what
-  (cells whose whole 95% interval clears their baseline's, ``verdict.clears``); up to which client size the
-  reconstruction headline clears its baseline (where the family has fixed client sizes); which differences between
-  methods, whatever the channel, are distinguishable or borderline (``compare.between``); the same for held-out
-  accuracy; bytes sent per run.
+* One sentence per data set family, at most five (``family_sentence``): which channel of which method gives back
+  images, by the reconstruction headline (the same for every channel) with its 95% interval against chance; where the
+  family's clients have fixed sizes, the sizes whose interval clears the baseline's, per channel (size curve); the
+  other harms measured above baseline (cells whose whole interval clears their baseline's, ``verdict.clears``), with
+  their channel and adversary; the leakage differences between methods whatever the channel and the held-out
+  accuracy per method, each with the distinguishable or borderline differences (paired by seed, Holm); bytes sent
+  per run.
 * The method x harm matrix (``matrix``): per family and method, each harm's main cell (the strongest attack over
   every channel; of the adversaries' cells the one that clears its baseline by most, the server's on a tie): value
-  vs baseline, the call
-  ("leak" when it clears its baseline), the channel (artifact) that carries it and Δ to the reference method over
-  channels; held-out accuracy with its Δ and call; MB sent per run.
+  vs baseline, the call ("LEAK" when it clears its baseline), the channel (artifact) that carries it and Δ to the
+  reference method over channels; held-out accuracy with its Δ and call; MB sent per run.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def _delta(c: dict | None, d: int) -> str:
     if not c:
         return ""
     iv = "" if c["lo"] != c["lo"] else f" [{c['lo']:+.{d}f}, {c['hi']:+.{d}f}]"
-    return f"Δ {clean(c['b'], 40)} {c['diff']:+.{d}f}{iv} {c['call']}"
+    return f"Δ {c['gb'][1]}{c['gb'][2]} {c['diff']:+.{d}f}{iv} {c['call']}"
 
 
 def _cell(r: dict | None, comps: list[dict], g: tuple) -> str:
@@ -74,8 +75,22 @@ def _acc(r: dict | None, comps: list[dict], g: tuple) -> str:
     return ci(r, d=3) + (f"; {dl}" if dl else "")
 
 
-def matrix(res, card: list[dict], comps: list[dict], by: dict) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows) of the method x harm matrix (module doc)."""
+def _smallest(curve: list[dict], g: tuple) -> str:
+    """A reconstruction cell of a family with fixed client sizes: at the smallest size, the strongest non-oracle
+    output over every channel, value vs baseline, the call and the channel ("" without a size curve)."""
+    pts = [c for c in curve if c["key"] == g and c["metric"] == HEADLINE and not c["oracle"]]
+    if not pts:
+        return ""
+    n = min(c["size"] for c in pts)
+    c = max((c for c in pts if c["size"] == n), key=lambda c: c["value"]["mean"])
+    call = "LEAK" if _above(c) else "interval reaches baseline"
+    return f"{_iv(c['value'])} vs {c['baseline']['mean']:.2f} {call} at {n} image{'s' * (n > 1)} via {c['artifact']}"
+
+
+def matrix(res, card: list[dict], comps: list[dict], by: dict, curve: list[dict] = ()
+           ) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the method x harm matrix (module doc); ``curve``: the size-curve points, whose smallest
+    client size gives the reconstruction cell of a family with fixed client sizes."""
     harms = [h for h in HARMS if h != "none" and any(r["harm"] == h and not r.get("setting") for r in card)]
     many = len(res.groups()) != len({g[0] for g in res.groups()}) and len({g[0] for g in res.groups()}) > 1
     rows = []
@@ -84,7 +99,9 @@ def matrix(res, card: list[dict], comps: list[dict], by: dict) -> tuple[list[str
         if not any(mine) and not _main(card, *g, "accuracy"):
             continue
         mb = human_bytes(by[g]["total"]) if g in by else "—"
-        rows.append(([g[0]] if many else []) + [g[1] + g[2]] + [_cell(r, comps, g) for r in mine]
+        cells = [(_smallest(curve, g) if h == "reconstruction" else "") or _cell(r, comps, g)
+                 for h, r in zip(harms, mine)]
+        rows.append(([g[0]] if many else []) + [g[1] + g[2]] + cells
                     + [_acc(_main(card, *g, "accuracy"), comps, g), mb])
     return (["family"] if many else []) + ["method"] + harms + ["held-out accuracy [95% CI]", "sent per run"], rows
 
@@ -93,63 +110,97 @@ def _join(parts: list[str], empty: str = "none") -> str:
     return "; ".join(parts) if parts else empty
 
 
-def _leaks(res, card: list[dict]) -> str:
+def _iv(v: dict, d: int = 2) -> str:
+    """"m [lo, hi]" of a size-curve or domain statistic."""
+    return f"{v['mean']:.{d}f}" + ("" if v["lo"] != v["lo"] else f" [{v['lo']:.{d}f}, {v['hi']:.{d}f}]")
+
+
+def _above(c: dict) -> bool:
+    """A size-curve point whose interval clears its baseline's (its mean where the baseline has no interval)."""
+    b = c["baseline"]
+    return c["value"]["lo"] > (b["hi"] if b["hi"] == b["hi"] else b["mean"])
+
+
+def _recon(res, card: list[dict], curve: list[dict], g: tuple) -> str:
+    """What one method's channels give back: with fixed client sizes, per channel the sizes whose headline clears
+    its baseline, with the smallest size's number; else the scorecard cell when it clears."""
+    pts = [c for c in curve if c["key"] == g and c["metric"] == HEADLINE and not c["oracle"]]
+    if pts:
+        out = []
+        for art in dict.fromkeys(c["artifact"] for c in pts):
+            best = {}
+            for c in pts:   # per size, the channel's strongest attack output
+                if c["artifact"] == art and (c["size"] not in best or c["value"]["mean"] > best[c["size"]]["value"]["mean"]):
+                    best[c["size"]] = c
+            up = [best[n] for n in sorted(best) if _above(best[n])]
+            if up:
+                out.append(f"{art} at {', '.join(str(c['size']) for c in up)} of {', '.join(map(str, sorted(best)))} "
+                           f"images ({_iv(up[0]['value'])} at {up[0]['size']})")
+        return f"{g[1]}{g[2]}: " + ("; ".join(out) if out else "none above chance")
+    r = _main(card, *g, "reconstruction")
+    if r is None:
+        return ""
+    return f"{g[1]}{g[2]}: " + (f"{r['artifact']} {ci(r, d=2)}" if clears(r) else "none above chance")
+
+
+def _chance(card: list[dict], curve: list[dict], fam: str) -> str:
+    b = [num(r["baseline"]) for r in card if r["dataset"] == fam and r["harm"] == "reconstruction"
+         and not r.get("setting")] + [c["baseline"]["mean"] for c in curve if c["key"][0] == fam
+                                      and c["metric"] == HEADLINE]
+    b = sorted({f"{x:.2f}" for x in b if x == x})
+    return "-".join(b[::len(b) - 1] if len(b) > 1 else b) or "—"
+
+
+def _others(card: list[dict], fam: str) -> str:
+    """The other harms measured above baseline in a family: method: harm via channel."""
     out = []
     for r in card:
-        if clears(r) and not r.get("setting"):
-            out.append(f"{clean(res.label((r['dataset'], r['method'], r['variant'])), 60)}'s {r['artifact']} "
-                       f"({r['harm']}, {r['adversary']}): {_label(r)} {ci(r)} vs baseline {ci(r, 'baseline')}")
-    return "Leaks measured above baseline (whole 95% interval beyond it): " + _join(out, "none at these budgets") + "."
+        if r["dataset"] == fam and r["harm"] not in ("reconstruction", "accuracy") and clears(r) \
+                and not r.get("setting"):
+            out.append(f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({r['adversary']})")
+    return _join(list(dict.fromkeys(out)))
 
 
-def _sizes(res, curve: list[dict]) -> str:
-    """Up to which client size each channel's reconstruction headline clears its baseline (size-curve rows)."""
-    out = []
-    head = {HEADLINE}
-    for key in dict.fromkeys((r["key"], r["attack"], r["output"]) for r in curve if r["metric"] in head
-                             and not r["oracle"]):
-        rs = sorted((r for r in curve if (r["key"], r["attack"], r["output"]) == key and r["metric"] in head),
-                    key=lambda r: r["size"])
-        up = [str(r["size"]) for r in rs if r["value"]["lo"] > r["baseline"]["hi"]
-              or r["value"]["lo"] > r["baseline"]["mean"] and r["baseline"]["hi"] != r["baseline"]["hi"]]
-        out.append(f"{clean(res.label(key[0]), 60)}'s {rs[0]['artifact']} ({key[1]}) at "
-                   f"{', '.join(up) if up else 'none'} of {', '.join(str(r['size']) for r in rs)} images")
-    return (f"Reconstruction against client data size, the sizes whose {HEADLINE} interval clears its baseline's: "
-            + _join(out) + ".") if out else ""
+def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
+    acc = [r for r in card if r["dataset"] == fam and r["harm"] == "accuracy" and not r.get("setting")]
+    calls = [c for c in comps if c["harm"] == "accuracy" and c["ga"][0] == fam
+             and c["call"] in ("distinguishable", "borderline")]
+    diff = _join([f"{c['ga'][1]} − {c['gb'][1]} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
+                  for c in calls], "no difference distinguishable or borderline")
+    return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}" for r in acc) + f" ({diff})"
 
 
-def _diffs(comps: list[dict], accuracy: bool) -> str:
-    mine = [c for c in comps if (c["harm"] == "accuracy") == accuracy]
-    if not mine:
-        return ""
-    say = lambda c: (f"{clean(c['a'], 60)} − {clean(c['b'], 60)}" + ("" if accuracy else  # noqa: E731
-                     f" {c['harm']} ({c['adversary']}; {c['channel_a']} vs {c['channel_b']})")
-                     + f" {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p {c['p_holm']:.2g}")
-    parts = [f"{call}: " + "; ".join(say(c) for c in mine if c["call"] == call)
-             for call in ("distinguishable", "borderline") if any(c["call"] == call for c in mine)]
-    rest = sum(c["call"] not in ("distinguishable", "borderline") for c in mine)
-    what = "Held-out accuracy between methods" if accuracy else "Leakage between methods, whatever the channel"
-    return (f"{what} (paired by seed, Holm-adjusted p; borderline = 0.01 to 0.1, not a firm claim): "
-            + "; ".join(parts + [f"{rest} other pair(s) not distinguishable or not testable"]) + ".")
+def _between(comps: list[dict], fam: str, sized: bool) -> str:
+    """Leakage differences between methods whatever the channel (``compare.between``), distinguishable or borderline;
+    with fixed client sizes (``sized``) reconstruction is compared per size instead (``_recon``): its pooled cell
+    chooses among victims with images in both held-out halves, which leaves out the 1-image clients."""
+    out = [f"{c['a']} − {c['b']} {c['harm']} ({c['adversary']}; {c['channel_a']} vs {c['channel_b']}) "
+           f"{c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}" for c in comps
+           if c["harm"] != "accuracy" and c["ga"][0] == fam and c["call"] in ("distinguishable", "borderline")
+           and not (c["harm"] == "reconstruction" and sized)]
+    return _join(out, "none distinguishable or borderline")
 
 
-def _bytes(res, by: dict) -> str:
-    if not by:
-        return ""
-    return "Bytes sent per run: " + ", ".join(f"{clean(res.label(g), 60)} {human_bytes(by[g]['total'])}"
-                                              for g in res.groups() if g in by) + "."
+def family_sentence(res, card, comps, curve, by, fam: str) -> str:
+    """One family's answer (module doc)."""
+    gs = [g for g in res.groups() if g[0] == fam]
+    rec = _join([x for x in (_recon(res, card, curve, g) for g in gs) if x])
+    mb = ", ".join(f"{g[1]}{g[2]} {human_bytes(by[g]['total'])}" for g in gs if g in by)
+    return (f"{fam}: images given back ({HEADLINE}, chance {_chance(card, curve, fam)}): {rec}; "
+            f"other leaks: {_others(card, fam)}; leakage between methods whatever the channel (paired by seed, Holm): "
+            f"{_between(comps, fam, any(c['key'][0] == fam for c in curve))}; held-out accuracy {_accuracy(res, card, comps, fam)}"
+            + (f"; sent per run: {mb}." if mb else "."))
 
 
 def sentences(res, card, comps, curve, by) -> list[str]:
-    """At most five sentences (module doc), each built from the numbers."""
-    out = [_leaks(res, card), _sizes(res, curve), _diffs(comps, False), _diffs(comps, True), _bytes(res, by)]
-    return [s for s in out if s][:5]
+    """One sentence per data set family, at most five (module doc), each built from the numbers."""
+    return [family_sentence(res, card, comps, curve, by, f) for f in dict.fromkeys(g[0] for g in res.groups())][:5]
 
 
 def page_one_md(res, card, comps, curve, by, figures: list[str]) -> list[str]:
     """report.md's first section (``figures``: the trade-off PNG names), at most MAX_LINES lines with the title."""
-    head, rows = matrix(res, card, comps, by)
-    md = ["## The answer", ""] + [f"- {md_text(s)}" for s in sentences(res, card, comps, curve, by)] + [""]
+    head, rows = matrix(res, card, comps, by, curve)
+    md = ["## The answer"] + [f"- {md_text(s)}" for s in sentences(res, card, comps, curve, by)] + [""]
     if figures:
         md += [" ".join(f"![trade-off figure: held-out accuracy against leakage](plots/{f})" for f in figures), ""]
     if rows:
@@ -157,12 +208,13 @@ def page_one_md(res, card, comps, curve, by, figures: list[str]) -> list[str]:
     links = ["Details below: [scorecard](#privacy-scorecard), [between methods](#between-methods-whatever-the-"
              "channel), [attacks](#attacks-and-their-threat-models), [accuracy](#held-out-accuracy), "
              "[leakage](#leakage).", ""]
-    return md + links if len(md) + len(links) + 2 <= MAX_LINES else md   # + 2: the report's title and its blank
+    lines = "\n".join(md + links).count("\n") + 1
+    return md + links if lines + 2 <= MAX_LINES else md   # + 2: the report's title and its blank
 
 
 def page_one_text(res, card, comps, curve, by, figures: list[str]) -> str:
     """The same page one for the terminal."""
-    head, rows = matrix(res, card, comps, by)
+    head, rows = matrix(res, card, comps, by, curve)
     out = ["", "THE ANSWER (report.md, page one)"] + [f"- {s}" for s in sentences(res, card, comps, curve, by)]
     if rows:
         out += [text_table(head, rows)]

@@ -15,6 +15,7 @@ from .. import metrics as M
 from ..metrics.registry import info
 from ..runfolder import victim_tag
 from . import tables as T
+from .curves import domain_of
 from .formatting import ARROW, human_bytes, slug
 
 DPI = 110
@@ -271,22 +272,27 @@ def _show(ax, img):
 
 
 def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
-    """One grid per reconstruction attack, paged (PER_PAGE blocks of at most ``n`` images a page): per group its
-    first saved example, rows truth / attack / baseline, with the example's PSNR from leakage.csv in the block
-    title."""
+    """One grid per reconstruction attack, paged (PER_PAGE blocks of at most ``n`` images a page): per group and
+    output variant its first saved example, then the first example of each victim domain not shown yet (a grid per
+    domain), rows truth / attack / baseline, with the example's PSNR and re-identification in the block title."""
     files = []
     gof = res.group_of()
     psnr = {(r["metric"], r["attack"], r["run"], victim_tag(r["victim"]), r.get("output") or "main"): r
             for r in res.leakage if r["metric"] in ("psnr", "reid")}
     for attack in dict.fromkeys(m["attack"] for m in res.recon):
-        pick = {}
-        for m in sorted((m for m in res.recon if m["attack"] == attack and m["run"] in gof),
-                        key=lambda m: (m["run"], m["victim"], m["variant"])):
+        pick, mine = {}, sorted((m for m in res.recon if m["attack"] == attack and m["run"] in gof),
+                                key=lambda m: (m["run"], m["victim"], m["variant"]))
+        for m in mine:
             pick.setdefault((gof[m["run"]], m["variant"]), m)
+        shown = {(g, domain_of(m["victim"])) for (g, _), m in pick.items()}
+        for m in mine:   # and every victim domain of a method once (its first example)
+            if (gof[m["run"]], domain_of(m["victim"])) not in shown:
+                shown.add((gof[m["run"]], domain_of(m["victim"])))
+                pick[(gof[m["run"]], m["variant"], m["victim"])] = m
         if not pick:
             continue
         blocks = []
-        for (g, var), m in pick.items():
+        for (g, var, *_), m in pick.items():
             with np.load(m["path"]) as z:
                 blocks.append((g, var, m, z["truth"][:n], z["recon"][:n], z["baseline"][:n]))
         for k in range(0, len(blocks), PER_PAGE):   # pages of PER_PAGE blocks: each PNG at most ~1,300 px a side
@@ -320,7 +326,7 @@ def _recon_page(res: T.Results, attack: str, blocks: list, psnr: dict, out: Path
         name = res.label(g) + ("" if var == "main" else f" ({var})")
         sf.suptitle(f"{name}: run {m['run']}, victim {m['victim']}{score}", fontsize=9)
     fig.suptitle(f"{attack}: reconstructions (row 2) of the victim's images (row 1); row 3: the attack's "
-                 f"trivial baseline\npixels in [0, 1]; one example run per method (seed and target in the "
+                 f"trivial baseline\npixels in [0, 1]; one example run per method and variant, then per victim domain (seed and target in the "
                  f"caption); page {page[0]} of {page[1]}", fontsize=10)
     return _save(fig, out, fname)
 

@@ -363,17 +363,3 @@ def accuracy_by_run(res: T.Results) -> dict:
         if r.get("target_acc") is not None:
             acc[T.gkey(r)][(r["target"], r["seed"])] = float(r["target_acc"])
     return acc
-
-
-def per_victim(res: T.Results, metric: str = "psnr") -> list[dict]:
-    """Reconstruction per victim domain: for each group, attack and output variant, the mean over runs (and
-    rounds) of the per-victim ``metric`` in leakage.csv, its baseline, and whether the variant has the oracle prior
-    (an upper bound, never a scorecard headline)."""
-    gof = res.group_of()
-    by = defaultdict(list)
-    for r in res.leakage:
-        if r["metric"] == metric and r["run"] in gof and r["victim"] != "pooled" and r.get("status") in ("ok", ""):
-            by[(gof[r["run"]], r["attack"], r["output"], r["victim"])].append(r)
-    return [dict(key=g, attack=a, output=o, victim=v, value=T.stat(r["value"] for r in rs),
-                 baseline=T.stat(r["baseline"] for r in rs), oracle=TH.prior(res.attacks.get(a, {}), o) == ORACLE)
-            for (g, a, o, v), rs in by.items()]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fdg_audit.api.attack import Attack, AttackParams, Scores, Skipped
+from fdg_audit.api.attack import Attack, AttackParams, Control, Scores, Skipped
 
 
 @dataclass
@@ -125,3 +125,51 @@ class Keeper(Attack):
         if before is None or self.p.how != "ok":   # kept once: a later job's write would mask a changed cache
             view.keep(key, {"x": arr})
         return [Skipped(view.me, "weights", 1, json.dumps(got))]
+
+
+STASH_KEY = 0x5a17   # the System V shared-memory key Stash leaves behind
+
+
+class Stash(Attack):
+    """Tries to carry something from one job to the next one of the same attack (a warm sandbox serves both): its
+    control() leaves a file in /tmp, /dev/shm and its view folder, a process that outlives it, a System V shared
+    memory segment and a POSIX message queue; run() reports which of them it finds."""
+    name = "hostile_stash"
+    consumes = ("weights",)
+    Params = Params
+
+    def control(self):
+        import ctypes
+        import subprocess
+        import sys
+        for d in ("/tmp", "/dev/shm", "."):
+            try:
+                Path(d, "fdg_stash").write_text("left")
+            except OSError:
+                pass
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fdg-stash-sleeper"],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmget(STASH_KEY, 4096, 0o1000 | 0o600)   # IPC_CREAT
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        rt.mq_open.restype = ctypes.c_int
+        made = rt.mq_open(b"/fdg_stash", os.O_CREAT | os.O_RDWR, 0o600, None)
+        return [Control("left", "mq_open", float(made >= 0), 0.0)]
+
+    def run(self, view, aux):
+        import ctypes
+        found = [d for d in ("/tmp", "/dev/shm", ".") if Path(d, "fdg_stash").exists()]
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and b"fdg-stash-sleeper" in Path(f"/proc/{d}/cmdline").read_bytes():
+                    found.append("process")
+            except OSError:
+                pass
+        if ctypes.CDLL(None).shmget(STASH_KEY, 0, 0) >= 0:
+            found.append("sysv_shm")
+        rt = ctypes.CDLL("librt.so.1")
+        rt.mq_open.restype = ctypes.c_int
+        if rt.mq_open(b"/fdg_stash", os.O_RDONLY) >= 0:
+            found.append("mqueue")
+        return [Skipped(view.me, "weights", 1, json.dumps(found))]
