@@ -200,16 +200,19 @@ def test_phase_retrieval_beats_the_mean_intensity_baseline(runs):
     assert {r["status"] for r in rows(root, attack=PR)} == {"ok"}
     assert {r["victim"] for r in rows(root, attack=PR)} == set(victims)
     assert [c["passed"] for c in controls(root, PR)] == [True, True]
-    grids = list((Path(root) / "recon" / "amplitude_phase_retrieval").glob("*.npz"))
+    grids = sorted((Path(root) / "recon" / "amplitude_phase_retrieval").glob("*.npz"))
     assert len(grids) == 10
-    with np.load(grids[0]) as z:
-        assert z["recon"].shape == z["truth"].shape == (8, 1, 28, 28)
-        # per image the better of the flat DC image (at the true image's mean: the un-noised DC term, built by the
-        # scorer, so a noised bank cannot move it) and the public mean image, aligned
-        flat = np.broadcast_to(z["truth"].mean((2, 3), keepdims=True), z["truth"].shape)
-        is_flat = np.isclose(z["baseline"], flat, atol=1e-6).all((1, 2, 3))
-        mse = lambda a: ((a - z["truth"]) ** 2).mean((1, 2, 3))  # noqa: E731
-        assert (mse(z["baseline"]) <= mse(flat) + 1e-6).all() and is_flat.any()
+    flats = 0
+    for g in grids:
+        with np.load(g) as z:
+            assert z["recon"].shape == z["truth"].shape == (8, 1, 28, 28)
+            # per image the better of the flat DC image (at the true image's mean: the un-noised DC term, built by
+            # the scorer, so a noised bank cannot move it) and the public mean image, aligned
+            flat = np.broadcast_to(z["truth"].mean((2, 3), keepdims=True), z["truth"].shape)
+            flats += int(np.isclose(z["baseline"], flat, atol=1e-6).all((1, 2, 3)).sum())
+            mse = lambda a: ((a - z["truth"]) ** 2).mean((1, 2, 3))  # noqa: E731
+            assert (mse(z["baseline"]) <= mse(flat) + 1e-6).all()
+    assert flats < 80   # never better than flat (above), and the public mean image wins where it is closer
 
 
 def test_render_prior_recovers_rotated_digits_exactly():

@@ -276,7 +276,7 @@ def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", 
     ``privacy``: privacy.csv rows given the run id."""
     import json
 
-    from fdg_audit.report import curves as CV
+    from fdg_audit.report import scorecard as SC
     from fdg_audit.report import tables as T
     from fdg_audit.runfolder import RunFolder
     from test_report import LEAK_FIELDS, fabricate, leak_row, write_csv

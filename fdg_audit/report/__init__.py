@@ -17,7 +17,6 @@ from pathlib import Path
 
 from ..ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
-from ..runfolder import victim_tag
 from . import compare as CMP
 from . import curves as CV
 from . import plots as P
@@ -328,11 +327,11 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     _csv(out / "scorecard.csv", SC.FIELDS, card)
     _csv(out / "comparisons.csv", CMP.FIELDS, CMP.csv_rows(comps))
     acc_files = P.accuracy(res, acc, plots) + P.sweep(res, acc, plots)
-    trade_files = tradeoff(res, card, plots)
+    curve = CV.by_size(res)
+    trade_files = tradeoff(res, card, plots, curve)
     byte_files = P.bytes_per_round(res, by, plots)
     eps_files = P.privacy(res, acc, eps, plots)
     roc_files, rec_files = P.roc(res, plots), P.recon(res, plots)
-    curve = CV.by_size(res)
     curve_files = P.size_curve(res, curve, plots)
     md = [f"# fdg_audit report: {md_text(', '.join(dict.fromkeys(res.scenarios)), 200)}", ""]
     md += page_one_md(res, card, comps, curve, by, [f for _, f in trade_files])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..metrics.registry import HARMS, info
 from .curves import HEADLINE
-from .formatting import ci, clean, human_bytes, md_table, md_text, num, text_table
+from .formatting import ci, human_bytes, md_table, md_text, num, text_table
 from .verdict import clears
 
 MAX_LINES = 25

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import t as t_dist
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -58,7 +59,8 @@ def _seeds(rows) -> str:
 
 
 def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
-    """Grouped bars per dataset: held-out accuracy per target and mean over targets, std over seeds."""
+    """Grouped bars per dataset: held-out accuracy per target and mean over targets, 95% Student-t intervals over
+    seeds (the scorecard's)."""
     files, col = [], colors(res)
     for ds in dict.fromkeys(r["dataset"] for r in acc):
         rows = [r for r in acc if r["dataset"] == ds]
@@ -70,7 +72,8 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
         for i, r in enumerate(rows):
             cells = [r["targets"].get(t, T.stat([])) for t in targets] + [r["mean"]] * (len(targets) > 1)
             x = np.arange(len(xs)) + (i - (len(rows) - 1) / 2) * width
-            err = [0 if math.isnan(c["std"]) else c["std"] for c in cells]
+            err = [0 if math.isnan(c["std"]) or c["n"] < 2 else   # the 95% Student-t half-width, as the scorecard
+                   float(t_dist.ppf(0.975, c["n"] - 1)) * c["std"] / math.sqrt(c["n"]) for c in cells]
             ax.bar(x, [c["mean"] for c in cells], width, color=col[r["key"]], label=res.label(r["key"]),
                    yerr=err if any(err) else None, capsize=2, error_kw=dict(lw=0.8))
         k = {r["num_classes"] for r in rows if r.get("num_classes")}
@@ -83,8 +86,8 @@ def accuracy(res: T.Results, acc: list[dict], out: Path) -> list[str]:
         ax.set_xlabel("held-out (target) domain")
         one = all(len(r["seeds"]) == 1 for r in rows)
         ax.set_title(f"{ds}: accuracy on the unseen domain at the round chosen on source validation\n"
-                     + ("1 seed (no error bars)" if one else f"bars: mean over {_seeds(rows)}, error bars: std over "
-                        "seeds"), fontsize=10)
+                     + ("1 seed (no error bars)" if one else f"bars: mean over {_seeds(rows)}, error bars: 95% "
+                        "Student-t intervals"), fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         files.append(_save(fig, out, f"accuracy_{slug(ds)}.png"))
@@ -347,7 +350,7 @@ def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
                 lines[(r["key"], r["attack"], r["output"])].append(r)
         groups = list(dict.fromkeys(g for g, _, _ in lines))
         channels = list(dict.fromkeys((a, o) for _, a, o in lines))
-        fig = _fig(3.2 * len(groups) + 1.5, 4.2)
+        fig = _fig(min(3.2 * len(groups) + 1.5, 14.0), 4.2)   # at most ~1,600 px wide (DPI)
         axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
         col = colors(res)
         for (g, a, o), rs in lines.items():
@@ -374,7 +377,7 @@ def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
         axes[0].set_ylabel(f"{mi.label}" + (f" ({mi.unit})" if mi.unit else ""))
         n = sorted({r["value"]["n"] for rs in lines.values() for r in rs})
         fig.suptitle(f"{ds}: reconstruction against client data size; mean over victims (n = {n[0]}"
-                     + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% Student-t intervals; dashed: oracle prior "
+                     + (f"–{n[-1]}" if len(n) > 1 else "") + "), 95% Student-t intervals;\ndashed: oracle prior "
                      "(upper bound); grey dotted: each channel's trivial baseline; colour: the method; marker: the "
                      "channel",
                      fontsize=9)
