@@ -218,7 +218,9 @@ def test_sigint_at_any_moment_is_one_line(copy, tmp_path, delay):  # noqa: F811
     tmp.mkdir()
     p = subprocess.Popen([sys.executable, "-m", "fdg_audit", "attack", str(copy), "--attacks", "dataset_size",
                           "mia_loss", "--quiet"], env=dict(CODE, FDG_AUDIT_SANDBOX="auto", TMPDIR=str(tmp)),
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # as a shell starts it
+                         # (a child inherits an ignored SIGINT, e.g. after an in-process Ctrl-C test of this worker)
     for _ in range(6000):
         if any(tmp.glob("fdg_view_*")) or p.poll() is not None:
             break
