@@ -1,4 +1,4 @@
-"""Wall-time ratios of a scenario's attacks in each worker kind: a warm bubblewrap sandbox per attack (jobs forked
+"""Wall-time ratios of a scenario's attacks in each worker kind: warm bubblewrap sandboxes (jobs forked
 from a server that imported the core; the default where bubblewrap works), a cold one (a fresh interpreter per job,
 as before warm sandboxes), a forkserver process (the default without bubblewrap), and inside the harness process
 (``isolate=False``, the unenforced debugging mode).

@@ -487,7 +487,6 @@ def attack_runs(env, label: str, atk, job: dict, controls: list) -> list[dict]:
             rows.append(note("failed", f"failed: {one_line(why)}"))
             continue
         rows += _score_run(env, label, run, outs, am, row, note)
-    sandbox.close_warm()   # this attack's warm sandboxes: the next attack starts its own
     attacked = sum(f is not None for f in futs)
     eta = [env.eta.tick() for _ in jobs][-1:]   # every job of this attack is done now
     if not env.quiet and not sys.stderr.isatty() and attacked:   # batch jobs: one line per attack

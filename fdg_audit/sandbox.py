@@ -30,12 +30,13 @@ files of fdg_audit, of the installed plugins (shadow training runs methods) and 
 (read-only), and its own view folder (read-write, for ``result.npz``). No bound source is the working directory or
 a folder that holds it or the run folder being attacked (``PROTECT``): a plugin shipped as a namespace package named
 like a folder of the project finds nothing. The run folder, its ``truth/``, other views and the rest of the user's
-files do not exist there. Warm sandboxes (``WarmSandbox``): the jobs of one attack share a sandbox whose server
-imported the core once (never a plugin) and forks each job from it, so a job pays no interpreter start-up; the view
+files do not exist there. Warm sandboxes (``WarmSandbox``): jobs share a sandbox (one per set of binds: a plugin
+named by path, an attack's cache) whose server imported the core once (never a plugin) and forks each job from it,
+so a job pays no interpreter start-up; the view
 folder is rewritten per job and emptied after it, and before the next job the server kills every other process of
 the sandbox, empties /tmp and /dev/shm and removes System V IPC objects, while POSIX message queues cannot be made
-(tests/test_hostile.py: what one job leaves, the next does not find); the sandbox ends with its attack, or when a job
-runs over its time (bench/attack_isolation.py measures the start-up).
+(tests/test_hostile.py: what one job leaves, the next does not find); the sandbox ends with the harness's attacks, or
+when a job runs over its time (bench/attack_isolation.py measures the start-up).
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
 that searches the file system on its own (outside the API) could still open files that user can read; there the
 boundary is the API and the process, not an OS sandbox. "bwrap" insists. ``isolate=False`` (``attack
@@ -660,9 +661,9 @@ def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float,
 
 
 class WarmSandbox:
-    """One bubblewrap sandbox (``bwrap_argv``, entry ``_serve``) that runs the jobs of one attack in turn, each in a
-    process forked from a server that imported the core and no plugin: a job pays no interpreter start-up, and
-    reaches what a fresh sandbox would give it. Its view folder is written for the job and emptied after it (all
+    """One bubblewrap sandbox (``bwrap_argv``, entry ``_serve``) that runs jobs in turn (of any attack whose binds it
+    has), each in a process forked from a server that imported the core and no plugin: a job pays no interpreter
+    start-up, and reaches what a fresh sandbox would give it. Its view folder is written for the job and emptied after it (all
     but the read-only ``cache/`` bind); the server leaves no process, temporary file or IPC object of a job to the
     next (``_serve``). A job that runs over its time, or a server that dies, ends the sandbox."""
 
@@ -703,12 +704,14 @@ class WarmSandbox:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_IDLE: dict = {}   # (attack, method named by path, device, cache) -> warm sandboxes waiting for a job
+_IDLE: dict = {}   # (attack and method named by path, device, cache) -> warm sandboxes waiting for a job
 
 
 def _run_warm(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float) -> bytes:
-    method = spec.get("run", {}).get("plugin", "")   # a method named by path binds its files: its own sandbox
-    key = (spec["attack"], method if ":" in method else "", spec.get("device", "cpu"), str(cache))
+    # every job is its own fork of a server that runs no plugin code, so jobs share a sandbox whenever it binds the
+    # same files: a plugin named by path, and an attack's cache folder, are binds of their own
+    method, attack = spec.get("run", {}).get("plugin", ""), spec["attack"]
+    key = (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache))
     with _LOCK:
         if _STOP.is_set():
             raise AttackFailed("stopped before it started (the harness is stopping)")
@@ -732,7 +735,7 @@ def _run_warm(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float)
 
 
 def close_warm() -> None:
-    """End every idle warm sandbox (after an attack's jobs, and when the harness stops)."""
+    """End every idle warm sandbox (when the harness is done or stops)."""
     with _LOCK:
         boxes = [b for v in _IDLE.values() for b in v]
         _IDLE.clear()
