@@ -26,7 +26,7 @@ from fdg_audit.runner import run_scenario
 from methods.fedavg import FedAvgClient, FedAvgServer
 from methods.fedavg import Params as FedAvgParams
 
-from conftest import leakage_rows as rows, tiny_scenario
+from conftest import leakage_rows as rows, public_split, tiny_scenario
 
 
 @dataclass
@@ -82,7 +82,7 @@ def runs(tmp_path_factory):
     def get(key, *layers):  # one run per key
         if key not in made:
             f = out / f"{key}.toml"
-            f.write_text(tiny_scenario(AMP, *layers))
+            f.write_text(public_split(tiny_scenario(AMP, *layers)))   # one fixed split: thresholds on known data
             made[key] = run_scenario(str(f), out=str(out / key), quiet=True)
         return made[key]
     return get
