@@ -139,3 +139,13 @@ def domain_md(res: T.Results, rows: list[dict]) -> list[str]:
                                                     for cs in got])
         md += [f"**{res.label(g)}** ({HEADLINE} / PSNR dB)", "", md_table(["attack: variant"] + doms, body), ""]
     return md
+
+
+def smallest_point(curve: list[dict], g: tuple) -> dict | None:
+    """A family with fixed client sizes: its reconstruction point at the smallest size, the strongest non-oracle
+    output over every channel (what page one's matrix and the trade-off figure show); None without a size curve."""
+    pts = [c for c in curve if c["key"] == g and c["metric"] == HEADLINE and not c["oracle"]]
+    if not pts:
+        return None
+    n = min(c["size"] for c in pts)
+    return max((c for c in pts if c["size"] == n), key=lambda c: c["value"]["mean"])

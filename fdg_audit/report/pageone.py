@@ -16,7 +16,7 @@ and report.html and closing the terminal output.
 from __future__ import annotations
 
 from ..metrics.registry import HARMS, info
-from .curves import HEADLINE
+from .curves import HEADLINE, smallest_point
 from .formatting import ci, human_bytes, md_table, md_text, num, text_table
 from .verdict import clears
 
@@ -76,14 +76,12 @@ def _acc(r: dict | None, comps: list[dict], g: tuple) -> str:
 
 
 def _smallest(curve: list[dict], g: tuple) -> str:
-    """A reconstruction cell of a family with fixed client sizes: at the smallest size, the strongest non-oracle
-    output over every channel, value vs baseline, the call and the channel ("" without a size curve)."""
-    pts = [c for c in curve if c["key"] == g and c["metric"] == HEADLINE and not c["oracle"]]
-    if not pts:
+    """A reconstruction cell of a family with fixed client sizes (``curves.smallest_point``): value vs baseline, the
+    call and the channel ("" without a size curve)."""
+    c = smallest_point(curve, g)
+    if c is None:
         return ""
-    n = min(c["size"] for c in pts)
-    c = max((c for c in pts if c["size"] == n), key=lambda c: c["value"]["mean"])
-    call = "LEAK" if _above(c) else "interval reaches baseline"
+    n, call = c["size"], "LEAK" if _above(c) else "interval reaches baseline"
     return f"{_iv(c['value'])} vs {c['baseline']['mean']:.2f} {call} at {n} image{'s' * (n > 1)} via {c['artifact']}"
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..metrics.registry import info
 from . import tables as T
-from .curves import HEADLINE
+from .curves import HEADLINE, smallest_point
 from .formatting import num, slug
 from .plots import _fig, _save, colors
 
@@ -29,16 +29,13 @@ def _point(ax, r: dict, a: dict, color, label: str) -> None:
 
 
 def _smallest(curve: list[dict], g: tuple) -> dict | None:
-    """A family with fixed client sizes: the reconstruction point at the smallest size, the strongest non-oracle
-    output over every channel, as a scorecard-like row (the same choice as page one's matrix)."""
-    pts = [c for c in curve if c["key"] == g and c["metric"] == HEADLINE and not c["oracle"]]
-    if not pts:
+    """``curves.smallest_point`` as a scorecard-like row (value, interval, baseline, channel)."""
+    c = smallest_point(curve, g)
+    if c is None:
         return None
-    n = min(c["size"] for c in pts)
-    c = max((c for c in pts if c["size"] == n), key=lambda c: c["value"]["mean"])
     v, b = c["value"], c["baseline"]
     return dict(value=v["mean"], ci_low=v["lo"], ci_high=v["hi"], baseline=b["mean"], artifact=c["artifact"],
-                adversary="server", metric=HEADLINE, size=n)
+                adversary="server", metric=HEADLINE, size=c["size"])
 
 
 def tradeoff(res: T.Results, card: list[dict], out: Path, curve: list[dict] = ()) -> list[tuple[str, str]]:
