@@ -589,9 +589,9 @@ class UpdateInversion(Attack):
                     outs.append(len(found))   # a slot, filled below
                     found.append([v, t, n, how, (theta, after, obs, None, self._gen(v, t), obs_bn), 0.0])
             self._search_sizes(view, [f for f in found if f[3] == "n_searched"], prior, pr)
-            groups = {}   # victims whose dummy sets train the same way are inverted as one batch
-            for i, f in enumerate(found):
-                key = signature(f[2], pr, self.p.max_images) if per_sample(view.new_model()) else f[2]
+            groups, weighted = {}, per_sample(view.new_model())   # victims whose dummy sets train the same way
+            for i, f in enumerate(found):                              # are inverted as one batch
+                key = signature(f[2], pr, self.p.max_images) if weighted else f[2]
                 groups.setdefault((key, f[:2] if self.p.bn_prior > 0 else None), []).append(i)
             res, visits = {}, {}
             for idx in groups.values():
