@@ -300,3 +300,25 @@ def test_plateau_rule_moves_stalled_units_and_spares_improving_ones():
             pl.check(best[pl.active])
     pl.finish()
     assert pl.its.tolist() == [10, 6] and pl.stage.tolist() == [0, 2] and pl.active.numel() == 0
+
+
+def test_a_capped_dummy_set_trains_each_distinct_image_once_weighted_as_the_full_batches_would():
+    """max_images caps the dummy set, so a batch holds dummies several times: on a per-sample model the weighted step
+    on the distinct dummies gives the update of the full batches (the same images copied into every slot), and
+    sizes whose dummies train the same way share one signature (one vmapped batch)."""
+    from attacks.inversion import per_sample, signature
+    torch.manual_seed(0)
+    net = build_model(ModelConfig("cnn_small", "group"), 1, 10, 28).train()
+    assert per_sample(net) and not per_sample(build_model(ModelConfig("cnn_small", "batch"), 1, 10, 28))
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    pr = Protocol(lr=0.05, batch_size=32)
+    steps, m = schedule(70, pr, max_images=4)                    # 32, 32, 6 slots over 4 dummies
+    assert m == 4 and [len(s) for s in steps] == [32, 32, 6]
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    flat = torch.cat(steps)                                      # every slot its own copy: no image twice
+    full = [torch.arange(a, a + len(s)) for a, s in zip(np.cumsum([0] + [len(s) for s in steps[:-1]]), steps)]
+    want = simulate(net, params, x[flat], y[flat], [full], pr)
+    got = simulate(net, params, x, y, [steps], pr)
+    for k in params:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-7)
+    assert signature(4, pr, 4) == signature(16, pr, 4) != signature(1, pr, 4)
