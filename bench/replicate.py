@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fdg_audit.metrics.stats import FIRM_CALLS      # noqa: E402
-from fdg_audit.report.scorecard import ANY_CHANNEL  # noqa: E402
+from fdg_audit.report.scorecard import again        # noqa: E402
 from fdg_audit.runner import run_scenario          # noqa: E402
 from fdg_audit.scenario import load_raw            # noqa: E402
 
@@ -38,13 +38,14 @@ def claims(root: Path) -> dict:
     out = {}
     with open(root / "scorecard.csv", newline="") as f:
         for r in csv.DictReader(f):
-            if r["diff_call"] and r["setting"] != ANY_CHANNEL:   # those are comparisons.csv's rows
+            if r["diff_call"] and not again(r):   # those are comparisons.csv's rows
                 key = (f"{r['dataset']}/{r['method']}{r['variant']} − {r['reference']} (same attack): {r['harm']}"
                        + (f" [{r['setting']}]" if r["setting"] else "") + f" ({r['adversary'] or '—'})")
                 out[key] = (r["diff_call"], float(r["diff_p_holm"] or "nan"), float(r["diff_ref"] or "nan"))
     with open(root / "comparisons.csv", newline="") as f:
         for r in csv.DictReader(f):
-            key = f"{r['dataset']}: {r['a']} − {r['b']}: {r['harm']}" + (f" ({r['adversary']})" * bool(r["adversary"]))
+            key = f"{r['dataset']}: {r['a']} − {r['b']}: {r['harm']}" + (f" [{r['setting']}]" * bool(r["setting"])) \
+                + (f" ({r['adversary']})" * bool(r["adversary"]))
             out[key] = (r["call"], float(r["p_holm"] or "nan"), float(r["diff"] or "nan"))
     return out
 

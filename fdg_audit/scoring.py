@@ -212,6 +212,7 @@ def score_audit(out: Audit, truth: Truth, members: dict, aux: Aux) -> tuple[list
 
 
 N_DISTRACTORS = 99   # re-identification: the true image among 99 others of its domain (chance 1 %)
+CHANCE_DRAWS = 16    # draws of free guesses behind the chance of a matched (unordered) reconstruction
 ALIGNMENT = "aligned (best circular shift and point inversion, for every channel)"
 BASELINE_KIND = "better of the attacker's public mean image and the flat image (true channel means), aligned the same way"
 
@@ -222,8 +223,10 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     the images are first matched one to one to the victim's training images (Hungarian, on aligned MSE).
 
     Headline ``reid``: the reconstruction picks its true image out of the true image and ``N_DISTRACTORS`` images
-    of the same domain that the victim did not hold (same class first), by nearest neighbour on aligned images;
-    chance 1/(1 + D) is its baseline. Beside it: aligned PSNR (``psnr``), plain PSNR (``psnr_plain``), aligned SSIM,
+    of the same domain that the victim did not hold (same class first), by nearest neighbour on aligned images.
+    Its baseline is chance, treated the same way: 1/(1 + D) where the rows are known or the victim holds one
+    image; otherwise (unordered images matched among N > 1) the hit rate of free guesses sent through the same
+    matching and re-identification (``matched_chance``), which grows with N. Beside it: aligned PSNR (``psnr``), plain PSNR (``psnr_plain``), aligned SSIM,
     success at 20 and 25 dB. Their baseline per image is the better of two images an attacker has for free, scored
     the same way: the attacker's public mean image (the held-out domain's) and the flat image at the true image's
     channel means. ``cpu_seconds`` and ``iterations`` are the attack's cost. Every row carries ``alignment``,
@@ -234,8 +237,12 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     x, y, doms = truth.images(idx)
     r = out.images.detach().cpu().float().clamp(0, 1)
     pred = None if out.labels is None else np.asarray(out.labels)
+    held = truth.held(out.victim, idx)
+    chance = None
     if out.rows is None:   # one to one on aligned MSE; the surplus of the larger set is left out
-        ri, ci = linear_sum_assignment(M.aligned_mse(r, x).double().numpy())
+        if len(idx) > 1:
+            chance = matched_chance(truth, len(r), (idx, x, y, doms), held)
+        ri, ci = _match(r, x)
         idx = idx[ci]
         r, x, y, doms = r[ri], x[ci], y[ci], [doms[i] for i in ci]
         pred = None if pred is None else pred[ri]
@@ -249,10 +256,9 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     ids = _image_ids(idx)
     per = lambda v: I("mean", np.asarray(v, float), ids=ids)  # noqa: E731  (per-image values)
     ps, pb = M.psnr(r, x), M.psnr(b, x)
-    held = truth.held(out.victim, idx)
     dis, n_dis = truth.distractors(idx, y.numpy(), doms, held, N_DISTRACTORS)
     hit = M.reidentified(r, x, dis).numpy()
-    chance = 1.0 / (1 + (int(n_dis.min()) if len(n_dis) else 0))
+    chance = 1.0 / (1 + (int(n_dis.min()) if len(n_dis) else 0)) if chance is None else chance
     rows = []
     add = _add(rows)
     add("reid", hit.mean(), chance, per(hit), per(np.full(len(hit), chance)))
@@ -273,6 +279,49 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
                  n_distractors=int(n_dis.min()) if len(n_dis) else 0)
     return [row | extra for row in rows], (x, r, b)
+
+
+def _match(r: torch.Tensor, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """One-to-one matching of reconstructions ``r`` to true images ``x`` on aligned MSE (Hungarian)."""
+    return linear_sum_assignment(M.aligned_mse(r, x).double().numpy())
+
+
+def matched_chance(truth: Truth, k: int, victim: tuple, held: np.ndarray, draws: int = CHANCE_DRAWS) -> float:
+    """Chance of re-identification for ``k`` unordered reconstructions of a victim's N images (``victim``: their
+    ids, images, labels, domains): ``draws`` sets of k images of the victim's domains that it did not hold (free
+    guesses, exchangeable with its images and the distractors) go through the same matching and
+    re-identification as the attack's images, each guess left out of the distractors; the mean hit rate. The
+    matching lets a guess pick the nearest of N true images, so chance grows with N (1/(1 + D) at N = 1)."""
+    idx, x, y, doms = victim
+    free = np.concatenate([ids[~np.isin(ids, held)] for ids in (truth.pool[d][2] for d in dict.fromkeys(doms))])
+    k = min(k, len(free), len(idx))
+    if not k:
+        return float("nan")
+    key = hashlib.blake2b(x.numpy().tobytes() + np.asarray(idx, np.int64).tobytes() + free.tobytes()
+                          + np.array([k, draws]).tobytes(), digest_size=16).hexdigest()
+    if key not in _CHANCE:   # rounds and methods of one draw share a victim: computed once
+        _CHANCE[key] = _guess_hits(truth, k, victim, held, free, draws)
+    return _CHANCE[key]
+
+
+_CHANCE: dict = {}
+
+
+def _guess_hits(truth: Truth, k: int, victim: tuple, held: np.ndarray, free: np.ndarray, draws: int) -> float:
+    idx, x, y, doms = victim
+    rng = seeding.rng(seeding.SCORE, seeding.DRAW, int(np.min(idx)))
+    gs, xs, ds = [], [], []
+    for _ in range(draws):
+        gid = rng.choice(free, k, replace=False)
+        g = truth.images(gid)[0]
+        ri, ci = _match(g, x)
+        dis, _ = truth.distractors(idx[ci], y.numpy()[ci], [doms[i] for i in ci], np.union1d(held, gid),
+                                   N_DISTRACTORS)
+        gs.append(M.aligned(g[ri], x[ci]))
+        xs.append(x[ci])
+        ds.append(dis)
+    d = min(t.shape[1] for t in ds)
+    return float(M.reidentified(torch.cat(gs), torch.cat(xs), torch.cat([t[:, :d] for t in ds])).float().mean())
 
 
 # The one table from output class to its scorer: a new output type adds its class (fdg_audit/api/attack.py) and a

@@ -307,10 +307,10 @@ def _items_file(root, attack, run, cands, output="main"):
     """items/<attack>/<run>.npz from (victim, metric, values, baseline values) candidates, as the harness writes."""
     from fdg_audit.metrics.stats import Items
     rows = [dict(run=run, attack=attack, adversary="server", artifact="amplitude_bank" if attack == "pr" else
-                 "weights", round=0, victim=v, output=output, metric=m, status="ok",
+                 "weights", round=0, victim=v, output=o, metric=m, status="ok",
                  items=Items("mean", np.asarray(x, float), ids=np.arange(len(x))),
                  base_items=Items("mean", np.asarray(b, float), ids=np.arange(len(b))))
-            for v, m, x, b in cands]
+            for v, m, x, b, *o in cands for o in [o[0] if o else output]]
     RunFolder(root).save_items(attack, run, rows)
 
 
@@ -323,10 +323,10 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     ok = [r for r in json.loads((root / "summary.json").read_text())["runs"] if r["status"] == "ok"]
     truth = {}
     for r in ok:
-        if r["method"] == "feddg":   # two victims: C leaks (30 dB), B does not (12 dB): held-out picks C
+        if r["method"] == "feddg":   # two outputs: "c" leaks (30 dB), "b" does not (12 dB): held-out picks "c"
             c = rng.normal(30, 2, 40)
-            _items_file(root, "pr", r["run"], [("B", "psnr", rng.normal(12, 2, 40), rng.normal(11, 1, 40)),
-                                              ("C", "psnr", c, rng.normal(11, 1, 40))])
+            _items_file(root, "pr", r["run"], [("B", "psnr", rng.normal(12, 2, 40), rng.normal(11, 1, 40), "b"),
+                                              ("B", "psnr", c, rng.normal(11, 1, 40), "c")])
         else:                        # one candidate: scored on all its images
             x = rng.normal(15, 2, 40)
             truth[(r["target"], r["seed"])] = x.mean()
@@ -349,7 +349,7 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     avg, dg = cell[("fedavg", "reconstruction")], cell[("feddg", "reconstruction")]
     assert avg["selection"] == "single" and avg["attack"] == "ui" and avg["n_items"] == "240"
     assert float(avg["value"]) == pytest.approx(np.mean(list(truth.values())), abs=1e-3)
-    assert dg["selection"] == "heldout" and dg["attack"] == "pr" and 6 * 10 < int(dg["n_items"]) < 6 * 30
+    assert dg["selection"] == "crossfit" and dg["attack"] == "pr" and int(dg["n_items"]) == 6 * 40
     assert 28.5 < float(dg["value"]) < 31.5 and 10 < float(dg["baseline"]) < 12   # C's level, not max of noise
     for r in (avg, dg):
         assert float(r["ci_low"]) < float(r["value"]) < float(r["ci_high"]) and r["control"] == "passed"

@@ -66,68 +66,50 @@ def test_auc_interval_covers_and_matches_the_metrics_module():
     assert 0.9 <= np.mean(hits) <= 0.99, np.mean(hits)
 
 
-def test_heldout_selection_on_pure_noise_stays_at_chance_while_the_max_does_not():
+def _choose(cands_by_run, higher=True):
+    """stats.crossfit over {run: [Items]} (keys: positions): per run the items as scored, and how."""
+    runs = {r: dict(enumerate(cs)) for r, cs in cands_by_run.items()}
+    choice, how = S.crossfit(runs, higher, {r: r for r in runs})
+    return {r: S.concat([S.part(runs[r][k], r, h) for k, h in ks]) for r, ks in choice.items()}, choice, how
+
+
+def test_crossfit_selection_on_pure_noise_stays_at_chance_while_the_max_does_not():
     rng = np.random.default_rng(2)
-    heldout, naive = [], []
-    for run in range(4):   # 4 runs x 12 candidates (victims x rounds) of pure-noise membership scores
-        cands = []
+    cands, naive = {}, []
+    for run in range(4):   # 4 runs x 12 candidates (outputs x rounds) of pure-noise membership scores
+        cands[run] = []
         for _ in range(12):
             y = rng.permutation(np.r_[np.ones(50), np.zeros(50)]).astype(int)
-            cands.append(S.Items("auc", rng.random(100), y, np.arange(100) + 1000 * run))
-        i, items, sel = S.heldout(cands, higher=True, salt=run)
-        assert sel == "heldout" and 35 <= len(items) <= 65
-        heldout.append(items)
-        naive.append(max(c.stat() for c in cands))
-    v, lo, hi = S.estimate(heldout)
+            cands[run].append(S.Items("auc", rng.random(100), y, np.arange(100) + 1000 * run))
+        naive.append(max(c.stat() for c in cands[run]))
+    scored, _, how = _choose(cands)
+    assert how == "crossfit" and all(len(it) == 100 for it in scored.values())   # every item counts once
+    v, lo, hi = S.estimate(list(scored.values()))
     assert lo <= 0.5 <= hi
     assert np.mean(naive) > 0.56   # the strongest of 12 noisy AUCs is biased upwards
 
 
-def test_heldout_finds_a_real_signal_and_single_candidate_keeps_all_items():
+def test_crossfit_finds_a_real_signal_and_single_candidate_keeps_all_items():
     rng = np.random.default_rng(3)
-    noise = [S.Items("mean", rng.normal(0, 1, 50), ids=np.arange(50)) for _ in range(5)]
-    signal = S.Items("mean", rng.normal(2, 1, 50), ids=np.arange(50))
-    i, items, sel = S.heldout(noise[:2] + [signal] + noise[2:], higher=True)
-    assert i == 2 and items.stat() > 1.5
-    i, items, sel = S.heldout([signal])
-    assert sel == "single" and len(items) == 50
+    cands = {r: [S.Items("mean", rng.normal(2 if k == 2 else 0, 1, 50), ids=np.arange(50)) for k in range(6)]
+             for r in range(3)}
+    scored, choice, how = _choose(cands)
+    assert all(k == 2 for ks in choice.values() for k, _ in ks) and all(it.stat() > 1.5 for it in scored.values())
+    scored, _, how = _choose({0: [cands[0][2]]})
+    assert how == "single" and len(scored[0]) == 50
 
 
-def test_heldout_with_few_items_never_leaves_an_empty_half():
-    """Estimates have one item per victim: a hash split of 2-4 ids can leave a half empty (a NaN cell before);
-    the ranked split keeps both halves non-empty, and one item means no split and no choice on data."""
+def test_crossfit_counts_clients_of_one_image_every_run_keeps_its_items():
+    """Runs of three one-image victims pooled (3 items a run): a per-run held-out choice left runs with an empty or
+    one-item half; the cross-fit chooses on the halves of all runs, and every run keeps all 3 items, scored by the
+    output chosen on the other half: here the output that re-identifies (1.0) over one that does not (0.0)."""
     rng = np.random.default_rng(5)
-    empty = 0
-    for salt in range(40):
-        ids = np.arange(2) + 10 * salt
-        empty += S.half(ids, salt).all() or not S.half(ids, salt).any()
-        cands = [S.Items("mean", rng.normal(0, 1, 2), ids=ids) for _ in range(3)]
-        i, items, sel = S.heldout(cands, higher=True, salt=salt)
-        assert sel in ("heldout", "heldout-ranked") and len(items) == 1 and np.isfinite(items.stat())
-    assert empty > 0   # the plain hash split does leave a half empty here
-    one = [S.Items("mean", np.array([v]), ids=np.array([7])) for v in (0.2, 0.4, 0.9)]
-    i, items, sel = S.heldout(one, higher=True)
-    assert sel == "mean" and items.stat() == pytest.approx(0.5)
-    i, items, sel = S.heldout([S.Items("auc", np.array([0.3]), np.array([1]), np.array([7]))] * 2)
-    assert sel == "first" and i == 0
-
-
-def test_heldout_never_chooses_a_candidate_with_an_empty_half():
-    """Victims of different sizes as candidates (a client of 1 image next to one of 4): a one-image victim that wins on
-    half A has nothing left on half B (an empty, NaN cell before). It is not chosen; a victim with images in both
-    halves is; when no candidate spans both halves, nothing is chosen on data."""
-    for salt in range(40):
-        ids4 = np.arange(4) + 100
-        lone = next(i for i in range(1000) if not S.half(np.array([i]), salt)[0])   # an id on half A
-        cands = [S.Items("mean", np.array([60.0]), ids=np.array([lone])), S.Items("mean", np.full(4, 10.0), ids=ids4)]
-        i, items, sel = S.heldout(cands, higher=True, salt=salt)
-        assert len(items) >= 1 and np.isfinite(items.stat())
-        if sel.startswith("heldout"):
-            assert i == 1 and items.stat() == 10.0
-    a, b = (next(i for i in range(1000) if S.half(np.array([i]), 3)[0] == h) for h in (False, True))
-    i, items, sel = S.heldout([S.Items("mean", np.array([5.0]), ids=np.array([a])),
-                               S.Items("mean", np.array([7.0]), ids=np.array([b]))], salt=3)
-    assert sel == "mean" and items.stat() == 6.0
+    cands = {r: [S.Items("mean", np.zeros(3), ids=np.arange(3) + 10 * r),
+                 S.Items("mean", np.ones(3), ids=np.arange(3) + 10 * r),
+                 S.Items("mean", (rng.random(3) < 0.3).astype(float), ids=np.arange(3) + 10 * r)] for r in range(5)}
+    scored, choice, how = _choose(cands)
+    assert how == "crossfit" and all(len(it) == 3 for it in scored.values())
+    assert all(it.stat() == 1.0 for it in scored.values())
 
 
 def test_paired_difference_interval():
@@ -270,7 +252,7 @@ def test_attack_seed_and_target_filters(tmp_path):
 
 # ---------------------------------------------------------------- issue 19: every leakage number on equal terms
 
-def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", privacy=()):
+def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", privacy=(), prepare=None):
     """scorecard rows {(method, harm, setting): row} of a hand-made folder: ``per_run(run dict) -> [(attack, row)]``
     with row = dict(victim, output, metric, items, base_items[, artifact]); ``attacks``: attacks.json;
     ``privacy``: privacy.csv rows given the run id."""
@@ -281,6 +263,8 @@ def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", 
     from fdg_audit.runfolder import RunFolder
     from test_report import LEAK_FIELDS, fabricate, leak_row, write_csv
     root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: 0.5, extra=False, seeds=seeds, reference=reference)
+    if prepare:
+        prepare(root)
     leak = []
     for r in json.loads((root / "summary.json").read_text())["runs"]:
         if r["status"] != "ok":
@@ -350,14 +334,46 @@ def test_psnr_headlines_and_every_interval_stay_within_0_and_the_cap(tmp_path):
 
 
 @pytest.mark.usefixtures("psnr_headline")
-def test_the_baseline_is_the_chosen_victims_own_on_the_same_half(tmp_path):
-    """Victim C leaks (30 dB) against a dark baseline (5 dB); victim B does not (12 dB) against a bright one (20 dB).
-    The baseline paired with C's value is C's own (about 5 dB), not the strongest baseline of any victim."""
+def test_the_baseline_is_the_chosen_outputs_own_on_the_same_half(tmp_path):
+    """Output "strong" leaks (30 dB) against a dark baseline (5 dB); output "weak" does not (12 dB) against a bright
+    one (20 dB). The baseline paired with the strong output's value is its own (about 5 dB), not the strongest
+    baseline of any output."""
     rng = np.random.default_rng(2)
-    cell, _ = _card(tmp_path, lambda r: [("pr", _psnr("B", rng.normal(12, 1, 40), rng.normal(20, 1, 40))),
-                                         ("pr", _psnr("C", rng.normal(30, 1, 40), rng.normal(5, 1, 40)))])
+    cell, _ = _card(tmp_path, lambda r: [("pr", _psnr("B", rng.normal(12, 1, 40), rng.normal(20, 1, 40), "weak")),
+                                         ("pr", _psnr("B", rng.normal(30, 1, 40), rng.normal(5, 1, 40), "strong"))])
     r = cell[("feddg", "reconstruction", "")]
     assert 29 < float(r["value"]) < 31 and 4 < float(r["baseline"]) < 6
+
+
+@pytest.mark.usefixtures("psnr_headline")
+def test_a_cell_pools_its_victims_and_clients_of_one_image_count_per_size(tmp_path):
+    """Clients of fixed sizes (client_sizes [1, 1, 1, 64]): an attack output's victims are pooled into one candidate,
+    so the three 1-image clients form a held-out cell of their own size (before, a victim without images in both
+    halves could never be chosen), and the 64-image client's cell is apart; methods are compared per size."""
+    import json
+    rng = np.random.default_rng(4)
+
+    def per_run(r):
+        level = {"fedavg": 1.0, "feddg": 0.0}[r["method"]]
+        img = lambda v, x: dict(victim=v, output="", metric="psnr", items=S.Items(  # noqa: E731
+            "mean", np.asarray(x, float), ids=np.arange(len(x)) + 1000 * int(v[-1])),
+            base_items=S.Items("mean", np.full(len(x), 10.0), ids=np.arange(len(x)) + 1000 * int(v[-1])))
+        return [("ui", img(f"B/{k}", [30.0 * level + 10 + rng.normal(0, 0.1)])) for k in range(3)] + \
+            [("ui", img("B/3", rng.normal(12, 1, 8)))]
+
+    def sized(root):
+        summary = json.loads((root / "summary.json").read_text())
+        for r in summary["runs"]:
+            r["data"] = {"client_sizes": [1, 1, 1, 64]}
+        (root / "summary.json").write_text(json.dumps(summary))
+    cell, root = _card(tmp_path, per_run, prepare=sized)
+    one, big = cell[("fedavg", "reconstruction", "clients of 1 image")], \
+        cell[("fedavg", "reconstruction", "clients of 64 images")]
+    assert one["selection"] == "single" and int(one["n_items"]) == 3 * 6 and float(one["value"]) > 39
+    assert 11 < float(big["value"]) < 13 and int(big["n_items"]) == 8 * 6
+    assert ("fedavg", "reconstruction", "") not in cell
+    feddg = cell[("feddg", "reconstruction", "clients of 1 image, any channel")]
+    assert feddg["reference"] and float(feddg["diff_ref"]) < -25     # compared with FedAvg at the same size
 
 
 @pytest.mark.usefixtures("psnr_headline")
@@ -638,16 +654,16 @@ def _reid_runs(tmp_path, per_run):
     return root, T.load([root])
 
 
-def _mean(metric, victim, x, b):
+def _mean(metric, victim, x, b, output="main"):
     ids = np.arange(len(x))
-    return dict(victim=victim, metric=metric, items=S.Items("mean", np.asarray(x, float), ids=ids),
+    return dict(victim=victim, metric=metric, output=output, items=S.Items("mean", np.asarray(x, float), ids=ids),
                 base_items=S.Items("mean", np.asarray(b, float), ids=ids))
 
 
 def test_a_reid_cell_shows_the_same_attacks_psnr_success_shares_and_cpu_beside_it(tmp_path):
-    """Victim B is re-identified (90%) at about 24 dB, victim C (5%) at 12 dB; B is chosen on held-out halves. The
-    cell's PSNR companions are B's own on the held-out images of every run (aligned PSNR and its baseline, shares at
-    >= 20 / >= 25 dB), its CPU seconds B's cost row (mean over runs, C's differ), and "also" says them."""
+    """Output "b" re-identifies (90%) at about 24 dB, output "c" (5%) at 12 dB; "b" is chosen on held-out halves.
+    The cell's PSNR companions are b's own on the held-out images of every run (aligned PSNR and its baseline,
+    shares at >= 20 / >= 25 dB), its CPU seconds b's cost row (mean over runs, c's differ), and "also" says them."""
     from test_report import leak_row, md_table
 
     from fdg_audit.report import scorecard as SC
@@ -657,28 +673,29 @@ def test_a_reid_cell_shows_the_same_attacks_psnr_success_shares_and_cpu_beside_i
 
     def per_run(r):
         items, rows = [], []
-        for v, rate, level, cpu in (("B", 0.9, 24.0, 3.0 + r["seed"]), ("C", 0.05, 12.0, 50.0)):
+        for o, rate, level, cpu in (("b", 0.9, 24.0, 3.0 + r["seed"]), ("c", 0.05, 12.0, 50.0)):
             x, b = rng.normal(level, 3, 40), rng.normal(11, 1, 40)
-            truth[(r["run"], v)] = x, b
-            items += [_mean("reid", v, rng.uniform(size=40) < rate, np.full(40, 0.01)), _mean("psnr", v, x, b),
-                      _mean("success@20dB", v, x >= 20, b >= 20), _mean("success@25dB", v, x >= 25, b >= 25)]
-            rows.append(leak_row(r["run"], "ui", "weights", v, 0, "cpu_seconds", cpu, float("nan")))
+            truth[(r["run"], o)] = x, b
+            items += [_mean("reid", "B", rng.uniform(size=40) < rate, np.full(40, 0.01), o),
+                      _mean("psnr", "B", x, b, o), _mean("success@20dB", "B", x >= 20, b >= 20, o),
+                      _mean("success@25dB", "B", x >= 25, b >= 25, o)]
+            rows.append(leak_row(r["run"], "ui", "weights", "B", 0, "cpu_seconds", cpu, float("nan"), output=o))
         return items, rows
     root, res = _reid_runs(tmp_path, per_run)
     card = SC.scorecard(res)
     md = __import__("fdg_audit.report", fromlist=["write_report"]).write_report([root], tmp_path / "out").read_text()
     g = ("digits", "feddg", "")
     sel = SC.selections(res)[(g, "reconstruction", "server", "")]
-    assert {s["chosen"]["victim"] for s in sel.values()} == {"B"} and len(sel) == 6
+    assert {s["chosen"]["output"] for s in sel.values()} == {"b"} and len(sel) == 6
     held = {run: s["items"].ids for run, s in sel.items()}
-    want = lambda f: np.mean([f(*truth[(run, "B")], ids) for run, ids in held.items()])  # noqa: E731
+    want = lambda f: np.mean([f(*truth[(run, "b")], ids) for run, ids in held.items()])  # noqa: E731
     row = next(r for r in card if r["method"] == "feddg" and r["harm"] == "reconstruction" and not r["setting"])
     assert float(row["psnr"]) == pytest.approx(want(lambda x, b, i: x[i].mean()), rel=1e-4)
     assert float(row["baseline_psnr"]) == pytest.approx(want(lambda x, b, i: b[i].mean()), rel=1e-4)
     assert float(row["success_20dB"]) == pytest.approx(want(lambda x, b, i: (x[i] >= 20).mean()), rel=1e-4)
     assert float(row["success_25dB"]) == pytest.approx(want(lambda x, b, i: (x[i] >= 25).mean()), rel=1e-4)
     assert float(row["psnr_ci_low"]) < float(row["psnr"]) < float(row["psnr_ci_high"]) <= 60
-    assert float(row["cpu_seconds"]) == pytest.approx(4.0)            # B's 3, 4 and 5 s over seeds, never C's 50
+    assert float(row["cpu_seconds"]) == pytest.approx(4.0)            # b's 3, 4 and 5 s over seeds, never c's 50
     also = side(row)
     assert also.startswith(f"aligned PSNR {float(row['psnr']):.1f} [") and \
         f"(baseline {float(row['baseline_psnr']):.1f} dB)" in also

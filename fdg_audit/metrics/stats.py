@@ -25,10 +25,12 @@ claims: a fresh clone on another machine moved adjusted p-values of 0.03 to 0.06
 and 0.1 can flip under any perturbation, and bench/replicate.py checks that the firm ones hold. ``signflip_p`` is the
 exact sign-flip test of the same differences, printed beside it.
 
-Held-out selection (``heldout``): several candidates (victim x round x attack x output) measure the same harm in
-one run; the maximum over them is biased upwards. Each item is assigned to half A or B by a hash of its id (the
-same image / candidate gets the same half in every candidate that holds it), the strongest candidate on A is
-chosen, and its metric on B is reported; a baseline is chosen and scored the same way on its own values.
+Cross-fitted selection (``crossfit``): several candidates (attack x artifact x output variant x round, each over
+every victim of a run) measure the same harm in a cell; the maximum over them is biased upwards. Each item is
+assigned to half A or B by a hash of its id (the same image / candidate gets the same half in every candidate that
+holds it); the candidate strongest on the A items of all the cell's runs scores the B items and the one strongest on
+B scores the A items, so the choice is made once per cell on many items, every item counts once, and no item is
+scored by a choice it took part in. A baseline follows its candidate on the same items.
 """
 from __future__ import annotations
 
@@ -249,43 +251,41 @@ def _mix(ids: np.ndarray, salt: int = 0) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def heldout(cands: list[Items], higher: bool = True, salt: int = 0) -> tuple[int, Items, str]:
-    """(index of the chosen candidate, its items on half B, "heldout") for several candidates; the only
-    candidate with all its items and "single" for one. The choice is the strongest metric on half A.
-
-    Few items (e.g. estimates, whose items are the victims): when the hash leaves a half empty, the distinct ids
-    are ranked by their hash and alternate between the halves ("heldout-ranked"); with a single item no split is
-    possible and nothing is chosen on data: the candidates' values are averaged ("mean", per-item "mean" kinds),
-    else the first candidate in the harness's order is taken ("first"). Only a candidate with items in both halves
-    can be chosen (its value is its half B); when none has, nothing is chosen on data, as with a single item."""
-    if len(cands) == 1:
-        return 0, cands[0], "single"
-    cands = [c if c.ids is not None else Items(c.kind, c.x, c.y, np.arange(len(c))) for c in cands]
-    ids = np.unique(np.concatenate([c.ids for c in cands]))
-    inb = half(ids, salt)
-    how = "heldout"
-    if len(ids) < 2:
-        return _no_choice(cands, ids)
-    if inb.all() or not inb.any():
-        inb = np.zeros(len(ids), bool)
-        inb[np.argsort(_mix(ids, salt), kind="stable")[1::2]] = True
-        how = "heldout-ranked"
-    split = lambda c: inb[np.searchsorted(ids, c.ids)]  # noqa: E731  (half of each of c's items)
-    best, best_v = None, None
-    for i, c in enumerate(cands):
-        a, b = c.sub(~split(c)), c.sub(split(c))
-        v = a.stat() if len(a) and len(b) else np.nan   # only a candidate with items in both halves can be chosen
-        if np.isfinite(v) and (best_v is None or (v > best_v if higher else v < best_v)):
-            best, best_v = i, v
-    if best is None:   # no candidate spans both halves (e.g. victims of one image each): nothing is chosen on data
-        return _no_choice(cands, ids)
-    c = cands[best]
-    return best, c.sub(split(c)), how
+def concat(parts: list[Items]) -> Items:
+    """Several Items of one kind as one (ids and labels kept where every part has them)."""
+    ids = None if any(p.ids is None for p in parts) else np.concatenate([p.ids for p in parts])
+    y = None if any(p.y is None for p in parts) else np.concatenate([p.y for p in parts])
+    return Items(parts[0].kind, np.concatenate([np.asarray(p.x, float) for p in parts]), y, ids)
 
 
-def _no_choice(cands: list[Items], ids: np.ndarray) -> tuple[int, Items, str]:
-    """No held-out choice possible: the candidates' values averaged ("mean", per-item "mean" kinds), else the first
-    candidate in the harness's order ("first")."""
-    if all(c.kind == "mean" for c in cands):
-        return 0, Items("mean", np.array([np.mean([c.stat() for c in cands])]), ids=ids[:1]), "mean"
-    return 0, cands[0], "first"
+def part(it: Items, salt: int, h: bool | None) -> Items:
+    """The items of ``it`` on half ``h`` (False = A, True = B; ``half`` of their ids, positions without ids) salted by
+    ``salt``; all of them for None."""
+    if h is None:
+        return it
+    return it.sub(half(it.ids if it.ids is not None else np.arange(len(it)), salt) == h)
+
+
+def crossfit(runs: dict, higher: bool = True, salts: dict | None = None) -> tuple[dict, str]:
+    """Cross-fitted choice among candidates that measure one harm (module doc). ``runs``: {run: {candidate key:
+    Items}}, the same keys (attack outputs) in every run; ``salts``: {run: salt} of the split. Every item goes to
+    half A or B by a hash of its id salted by its run; the candidate strongest on the A items of all runs pooled
+    scores every run's B items, the one strongest on B scores the A items, so every item counts once and no item
+    scores the choice it was chosen on. Returns ({run: [(candidate key, half)]}, how): half None and "single" for one
+    candidate (all its items), else the half each key scores (``part``) and "crossfit". A run without a chosen
+    candidate uses its first one."""
+    keys = list(dict.fromkeys(k for cs in runs.values() for k in cs))
+    salts = salts or {}
+    if len(keys) == 1:
+        return {run: [(keys[0], None)] for run in runs}, "single"
+    best = {}
+    for h in (False, True):   # the candidate chosen on half h (False = A) scores the other half
+        vals = []
+        for k in keys:
+            parts = [part(cs[k], salts.get(run, 0), h) for run, cs in runs.items() if k in cs]
+            vals.append(float(concat(parts).stat()) if parts else np.nan)
+        v = np.array(vals)
+        ok = np.flatnonzero(np.isfinite(v))
+        best[h] = keys[ok[np.argmax(v[ok]) if higher else np.argmin(v[ok])]] if len(ok) else keys[0]
+    return {run: [(best[not h] if best[not h] in cs else next(iter(cs)), h) for h in (False, True)]
+            for run, cs in runs.items()}, "crossfit"

@@ -43,7 +43,7 @@ def headline(root) -> str:
     harms = [h for h in ("accuracy",) + HARMS if any(r["harm"] == h for r in card)]
     rows = []
     for g in res.groups():
-        mine = [r for r in card if (r["dataset"], r["method"], r["variant"]) == g and r["setting"] != SC.ANY_CHANNEL]
+        mine = [r for r in card if (r["dataset"], r["method"], r["variant"]) == g and not SC.again(r)]
         cells = []
         for h in harms:
             rs = [r for r in mine if r["harm"] == h]
@@ -56,8 +56,9 @@ def headline(root) -> str:
         rows.append([res.label(g)] + cells + [eps, f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
     names = {h: info(card_metrics(h)[-1]).label for h in harms if h != "accuracy"}
     names["accuracy"] = "held-out acc [95% CI]"
-    out = ["privacy scorecard (scorecard.csv): value [95% CI] vs trivial baseline; strongest victim/round chosen "
-           f"on held-out halves; Δ: paired difference to {res.reference or 'the reference (none recorded)'}",
+    out = ["privacy scorecard (scorecard.csv): value [95% CI] vs trivial baseline; strongest attack output "
+           "cross-fitted on halves of the items; Δ: paired difference to "
+           f"{res.reference or 'the reference (none recorded)'}",
            text_table(["method"] + [names[h] for h in harms] + ["ε", "MB/run"], rows)]
     if T.adaptation_note(res):
         out.append(T.adaptation_note(res))
@@ -201,14 +202,13 @@ def _conv(c) -> str:
 def _scorecard_md(res, card) -> list[str]:
     ref = res.reference or "reference"
     md = ["## Privacy scorecard", "",
-          "One row per method, harm (and setting) and adversary (scorecard.csv). **value**: per run (held-out "
-          "target × seed) the strongest attack output (attack × artifact × variant × victim × round) is chosen on "
-          "one half of the images/candidates and scored on the other half (selection \"heldout\"; \"heldout-ranked\" "
-          "when a hash split of few items left a half empty; \"single\" when there is one candidate; \"mean\" of the "
-          "candidates when there is one item), then the mean over runs. **baseline**: the chosen attack's own "
-          "trivial attack (mean or flat image, chance, the known victim's domain) on the same victim and held-out "
-          "half. Brackets: 95% Student-t interval over the runs' values (one "
-          "run: the bootstrap over its items; fdg_audit/metrics/stats.py). "
+          "One row per method, harm (and setting: with fixed client sizes, one per size) and adversary "
+          "(scorecard.csv). **value**: the attack output (attack × artifact × variant × round, over every victim) "
+          "strongest on one half of the images/candidates of all runs scores the other half, and the reverse "
+          "(selection \"crossfit\"; \"single\" when there is one candidate); per run (held-out target × seed) the "
+          "mean over its items, then the mean over runs. **baseline**: the chosen outputs' own trivial attack (mean "
+          "or flat image, chance, the known victim's domain) on the same items. Brackets: 95% Student-t interval "
+          "over the runs' values (one run: the bootstrap over its items; fdg_audit/metrics/stats.py). "
           f"**Δ {ref}**: this cell minus the cell of the scenario's reference method ({ref}; column `reference` of "
           "scorecard.csv), paired by target and seed: the leakage (or accuracy) a method adds beyond the reference, "
           "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of the scorecard (below "
@@ -238,11 +238,10 @@ def _scorecard_md(res, card) -> list[str]:
           "10% of their rounds, of all runs. "
           "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
-        again = lambda r: r["setting"] == SC.ANY_CHANNEL  # noqa: E731  (the main cell again: its reading is above)
         body = [[r["method"] + r["variant"], r["harm"] + (f" [{r['setting']}]" if r.get("setting") else ""),
                  r["adversary"] or "—", r["metric"], ci(r) + (f" ({r['reading']})" if r.get("reading") and not
-                                                              again(r) else ""),
-                 ci(r, "baseline"), ci(r, "diff_ref"), "as the row above" if again(r) else side(r) or "—",
+                                                              SC.again(r) else ""),
+                 ci(r, "baseline"), ci(r, "diff_ref"), "as the row above" if SC.again(r) else side(r) or "—",
                  f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["control"],
                  r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
                  r["epsilon"], _conv(r.get("converged"))]

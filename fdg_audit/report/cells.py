@@ -8,8 +8,8 @@
 * Re-identification (``recon_side``): beside the headline, the same chosen attack output's aligned PSNR and its shares
   of images at >= 20 and >= 25 dB, on the same runs, victims and held-out images (each the mean over runs with the
   interval of ``stats.estimate`` cut to the metric's range, and the paired baseline's mean), and the CPU seconds the
-  attack spent per victim (leakage.csv's cost row of the chosen victim; mean over runs). A number is left empty
-  unless every run of the cell has it.
+  attack spent per victim (leakage.csv's cost rows of the chosen outputs, mean over their victims and the runs). A
+  number is left empty unless every run of the cell has it.
 * Membership (``pool``): per run, the chosen candidate's held-out scores are calibrated within their target model
   (the run and the victim named in each item's id; ``metrics.membership.calibrate``, label-free quantiles) and pooled
   over the cell's runs (targets x seeds) and victims. The pool's size is reported (members, non-members), with the
@@ -82,21 +82,24 @@ def cpu_seconds(leakage: list[dict]) -> dict:
 
 def recon_side(sel: dict, side: dict, seed: int = 0) -> dict:
     """psnr, success_20dB, success_25dB (with intervals and the baseline's) and cpu_seconds of a re-identification
-    cell (module doc; ``side``: {side_key: (items, base)} of the companions, {side_key: seconds} of the costs)."""
+    cell (module doc; ``side``: {side_key: (items, base)} of the companions, {side_key: seconds} of the costs): per
+    run, each chosen candidate's companion on the half it scores (``sel[run]["parts"]``)."""
     out = {}
     for metric, (col, ci) in COMPANIONS.items():
-        got = [(side.get(side_key(run, s["chosen"], metric)), s["items"].ids) for run, s in sel.items()]
-        if not got or any(g is None for g, _ in got):
+        got = [[(side.get(side_key(run, c, metric)), h) for c, h in s["parts"]] for run, s in sel.items()]
+        if not got or any(g is None for ps in got for g, _ in ps):
             continue
-        same = lambda it, ids: it if it.ids is None or ids is None else it.sub(np.isin(it.ids, ids))  # noqa: E731
+        salt = [s["salt"] for s in sel.values()]
         mi = info(metric)
-        m, lo, hi = _summary([same(it, ids) for (it, _), ids in got], mi.lo, mi.hi, seed)
-        b = [same(base, ids).stat() for (_, base), ids in got if base is not None]
+        m, lo, hi = _summary([S.concat([S.part(g[0], t, h) for g, h in ps]) for ps, t in zip(got, salt)],
+                             mi.lo, mi.hi, seed)
+        b = [S.concat([S.part(g[1], t, h) for g, h in ps]).stat() for ps, t in zip(got, salt)
+             if all(g[1] is not None for g, _ in ps)]
         out |= {col: _fmt(m), f"{ci}_ci_low": _fmt(lo), f"{ci}_ci_high": _fmt(hi),
                 f"baseline_{col}": _fmt(float(np.nanmean(b)) if len(b) == len(got) else NAN)}
-    cost = [side.get(side_key(run, s["chosen"], "cpu_seconds")) for run, s in sel.items()]
-    if cost and all(c is not None for c in cost):
-        out["cpu_seconds"] = _fmt(float(np.mean(cost)))
+    cost = [[side.get(side_key(run, c, "cpu_seconds")) for c, _ in s["parts"]] for run, s in sel.items()]
+    if cost and all(c is not None for cs in cost for c in cs):
+        out["cpu_seconds"] = _fmt(float(np.mean([np.mean(cs) for cs in cost])))
     return out
 
 

@@ -1,10 +1,11 @@
-"""Between methods, whatever the channel (issue 32, item 5): for each dataset family, harm and adversary, one cell
+"""Between methods, whatever the channel (issue 32, item 5): for each dataset family, harm, adversary and primary
+setting (the main row, or one client size where a family's clients have fixed sizes: ``scorecard.primary``), one cell
 per method (the scorecard's main cell: the strongest non-oracle attack over every channel, i.e. artifact, the method
-sends, chosen on held-out halves; ``scorecard.selections``) and the paired difference between every two methods of
-the family, so that "does one method's bank of image statistics leak more than another's weights?" has a number even
-though the two cells are read off different artifacts by different attacks. This is meaningful because every channel of a harm is scored with
-the same metric (the registry's headline, e.g. re-identification for reconstruction); a pair whose chosen metrics
-differ in a run is not compared in that run.
+sends, cross-fitted on halves of the items; ``scorecard.selections``) and the paired difference between every two
+methods of the family, so that "does one method's bank of image statistics leak more than another's weights?" has a
+number even though the two cells are read off different artifacts by different attacks. This is meaningful because
+every channel of a harm is scored with the same metric (the registry's headline, e.g. re-identification for
+reconstruction); a pair whose chosen metrics differ in a run is not compared in that run.
 
 Each difference is A − B of the per-run values (held-out target x seed, the runs of both methods paired by target and
 seed), with its Student-t interval stratified by target; held-out accuracy is compared the same way. One family of
@@ -24,7 +25,7 @@ from ..metrics import stats as S
 from . import scorecard as SC
 from . import tables as T
 
-FIELDS = ["dataset", "harm", "adversary", "a", "b", "metric", "channel_a", "channel_b", "attack_a", "attack_b",
+FIELDS = ["dataset", "harm", "setting", "adversary", "a", "b", "metric", "channel_a", "channel_b", "attack_a", "attack_b",
           "diff", "lo", "hi", "n", "p_holm", "call"]
 
 
@@ -44,9 +45,9 @@ def _mode(values) -> str:
     return SC._mode(values)
 
 
-def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role: str) -> dict | None:
-    """The paired difference of two groups' main cells of one harm and adversary, or None."""
-    sa, sb = chosen.get((a, harm, role, "")), chosen.get((b, harm, role, ""))
+def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role: str, setting: str) -> dict | None:
+    """The paired difference of two groups' cells of one harm, adversary and setting, or None."""
+    sa, sb = chosen.get((a, harm, role, setting)), chosen.get((b, harm, role, setting))
     if not sa or not sb:
         return None
     tag = {r["run"]: (r["target"], r["seed"]) for r in res.ok}
@@ -59,10 +60,11 @@ def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role:
     c = S.compare(d, strata=[t for t, _, _ in pairs]) if len(pairs) > 1 else \
         S.paired([x["items"] for _, x, _ in pairs], [y["items"] for _, _, y in pairs])
     c = SC.cut_diff(c, pairs[0][1]["chosen"]["metric"])
-    cell = {(r["dataset"], r["method"], r["variant"], r["harm"], r["adversary"]): r for r in card if not r["setting"]}
-    unres = any(str(cell.get(g + (harm, role), {}).get("reading", "")).startswith("not resolvable") for g in (a, b))
+    cell = {(r["dataset"], r["method"], r["variant"], r["harm"], r["adversary"], r["setting"]): r for r in card}
+    unres = any(str(cell.get(g + (harm, role, setting), {}).get("reading", "")).startswith("not resolvable")
+                for g in (a, b))
     pick = lambda k, i: _mode(p[i]["chosen"][k] for p in pairs)  # noqa: E731
-    return dict(c, harm=harm, adversary=role, metric=pick("metric", 1), channel_a=pick("artifact", 1),
+    return dict(c, harm=harm, adversary=role, setting=setting, metric=pick("metric", 1), channel_a=pick("artifact", 1),
                 channel_b=pick("artifact", 2), attack_a=pick("attack", 1), attack_b=pick("attack", 2),
                 _unresolved=unres)
 
@@ -80,17 +82,17 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
     out = []
     for ds in dict.fromkeys(g[0] for g in res.groups()):
         gs = [g for g in res.groups() if g[0] == ds]
-        cells = sorted({k[1:3] for k in chosen if k[0] in gs and not k[3]},
-                       key=lambda k: (list(SC.HARMS).index(k[0]), k[1]))
+        cells = sorted({k[1:4] for k in chosen if k[0] in gs and SC.primary(k[3])},
+                       key=lambda k: (list(SC.HARMS).index(k[0]), k[2], k[1]))
         for a, b in _pairs(res, gs):
             common = sorted(set(acc.get(a, {})) & set(acc.get(b, {})))
             if common:
                 d = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
                                     np.array([k[0] for k in common]))
-                out.append(SC.cut_diff(d, "target_acc") | dict(harm="accuracy", adversary="", metric="target_acc",
-                                                               ga=a, gb=b))
-            for harm, role in cells:
-                d = _leak(res, card, chosen, a, b, harm, role)
+                out.append(SC.cut_diff(d, "target_acc") | dict(harm="accuracy", adversary="", setting="",
+                                                               metric="target_acc", ga=a, gb=b))
+            for harm, role, setting in cells:
+                d = _leak(res, card, chosen, a, b, harm, role, setting)
                 if d:
                     out.append(d | dict(ga=a, gb=b))
     tested = [c for c in out if not c.get("_unresolved")]
@@ -110,19 +112,21 @@ def _flip(c: dict) -> dict:
 
 
 def any_channel_rows(res: T.Results, card: list[dict]) -> list[dict]:
-    """The scorecard's rows with, after each main leakage cell (no setting), the same cell in setting
-    ``scorecard.ANY_CHANNEL`` whose diff_ref columns hold ``between``'s comparison with the reference method's group
-    (``scorecard.reference_group``; whatever the attack and channel, Holm over comparisons.csv's family)."""
+    """The scorecard's rows with, after each leakage cell of a primary setting (``scorecard.primary``: the main row,
+    or one client size), the same cell in setting ``scorecard.ANY_CHANNEL`` (after the size, if any) whose diff_ref
+    columns hold ``between``'s comparison with the reference method's group (``scorecard.reference_group``; whatever
+    the attack and channel, Holm over comparisons.csv's family)."""
     comps, out, f = between(res, card), [], SC._fmt
     for r in card:
         out.append(r)
-        if r["harm"] == "accuracy" or r["setting"]:
+        if r["harm"] == "accuracy" or not SC.primary(r["setting"]):
             continue
         g = (r["dataset"], r["method"], r["variant"])
-        ref, row = SC.reference_group(res, g), dict(r, setting=SC.ANY_CHANNEL)
+        ref = SC.reference_group(res, g)
+        row = dict(r, setting=", ".join(filter(None, (r["setting"], SC.ANY_CHANNEL))))
         row |= {k: "" for k in SC.FIELDS if k.startswith("diff_") or k == "reference"}
         c = next((c if c["ga"] == g else _flip(c) for c in comps if {c["ga"], c["gb"]} == {g, ref}
-                  and (c["harm"], c["adversary"]) == (r["harm"], r["adversary"])), None)
+                  and (c["harm"], c["adversary"], c["setting"]) == (r["harm"], r["adversary"], r["setting"])), None)
         if c:
             row |= dict(reference=res.label(ref), diff_ref=f(c["diff"]), diff_ref_ci_low=f(c["lo"]),
                         diff_ref_ci_high=f(c["hi"]), diff_n=c["n"], diff_p_holm=f(c["p_holm"]), diff_call=c["call"])
@@ -144,14 +148,14 @@ def between_md(comps: list[dict]) -> list[str]:
         return []
     from .formatting import md_table
     f = lambda x, d=3: "—" if x != x else f"{x:+.{d}f}"  # noqa: E731
-    body = [[c["dataset"], c["harm"], c["adversary"], c["metric"], f"{c['a']} ({c['attack_a']} on {c['channel_a']})",
+    body = [[c["dataset"], c["harm"] + (f" [{c['setting']}]" if c["setting"] else ""), c["adversary"], c["metric"], f"{c['a']} ({c['attack_a']} on {c['channel_a']})",
              f"{c['b']} ({c['attack_b']} on {c['channel_b']})", f"{f(c['diff'])} [{f(c['lo'])}, {f(c['hi'])}]",
              c["n"], "—" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3g}", c["call"]] for c in leak]
     return ["## Between methods, whatever the channel", "",
             "Per family, harm and adversary: each method's scorecard cell (the strongest non-oracle attack over every "
-            "channel it sends, chosen on held-out halves) minus another method's, paired by target and seed, 95% "
-            "Student-t interval; p Holm-adjusted over every comparison between methods of this report (accuracy "
-            "included). Calls: distinguishable p < 0.01, borderline 0.01 <= p < 0.1 (not a firm claim), not "
+            "channel it sends, cross-fitted on halves of the items) minus another method's, paired by target and "
+            "seed, 95% Student-t interval; p Holm-adjusted over every comparison between methods of this report "
+            "(accuracy included). Calls: distinguishable p < 0.01, borderline 0.01 <= p < 0.1 (not a firm claim), not "
             "distinguishable p >= 0.1 (fdg_audit/metrics/stats.py). comparisons.csv has these rows.", "",
             md_table(["family", "harm", "adversary", "metric", "A (attack on channel)", "B (attack on channel)",
                       "A − B [95% CI]", "n", "p (Holm)", "call"], body), ""]

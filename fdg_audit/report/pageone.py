@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..metrics.registry import HARMS, info
 from .curves import HEADLINE, smallest_point
 from .formatting import ci, human_bytes, md_table, md_text, num, text_table
+from .scorecard import primary
 from .verdict import clears
 
 MAX_LINES = 25
@@ -25,7 +26,7 @@ MAX_LINES = 25
 
 def _main(card: list[dict], ds: str, method: str, variant: str, harm: str) -> dict | None:
     rows = [r for r in card if (r["dataset"], r["method"], r["variant"], r["harm"]) == (ds, method, variant, harm)
-            and not r.get("setting")]
+            and primary(r.get("setting", ""))]
     rows.sort(key=lambda r: (not clears(r), -_margin(r), r["adversary"] != "server"))
     return rows[0] if rows else None
 
@@ -64,8 +65,9 @@ def _cell(r: dict | None, comps: list[dict], g: tuple) -> str:
     call = "LEAK" if clears(r) else (r.get("reading") or "interval reaches baseline").split(":")[0]
     d = 1 if info(r["metric"].split("|")[0]).unit == "dB" else 3
     dl = _delta(_vs_ref(comps, g, r["harm"], r["adversary"]), d)
+    who = ", ".join(filter(None, (r["adversary"] if r["adversary"] != "server" else "", r.get("setting", ""))))
     return f"{num(r['value']):.{d}f} vs {num(r['baseline']):.{d}f} {call} via {r['artifact']}" \
-        + (f" ({r['adversary']})" if r["adversary"] != "server" else "") + (f"; {dl}" if dl else "")
+        + (f" ({who})" if who else "") + (f"; {dl}" if dl else "")
 
 
 def _acc(r: dict | None, comps: list[dict], g: tuple) -> str:
@@ -89,7 +91,7 @@ def matrix(res, card: list[dict], comps: list[dict], by: dict, curve: list[dict]
            ) -> tuple[list[str], list[list[str]]]:
     """(headers, rows) of the method x harm matrix (module doc); ``curve``: the size-curve points, whose smallest
     client size gives the reconstruction cell of a family with fixed client sizes."""
-    harms = [h for h in HARMS if h != "none" and any(r["harm"] == h and not r.get("setting") for r in card)]
+    harms = [h for h in HARMS if h != "none" and any(r["harm"] == h and primary(r.get("setting", "")) for r in card)]
     many = len(res.groups()) != len({g[0] for g in res.groups()}) and len({g[0] for g in res.groups()}) > 1
     rows = []
     for g in res.groups():
@@ -143,7 +145,7 @@ def _recon(res, card: list[dict], curve: list[dict], g: tuple) -> str:
 
 def _chance(card: list[dict], curve: list[dict], fam: str) -> str:
     b = [num(r["baseline"]) for r in card if r["dataset"] == fam and r["harm"] == "reconstruction"
-         and not r.get("setting")] + [c["baseline"]["mean"] for c in curve if c["key"][0] == fam
+         and primary(r.get("setting", ""))] + [c["baseline"]["mean"] for c in curve if c["key"][0] == fam
                                       and c["metric"] == HEADLINE]
     b = sorted({f"{x:.2f}" for x in b if x == x})
     return "-".join(b[::len(b) - 1] if len(b) > 1 else b) or "—"
@@ -154,8 +156,9 @@ def _others(card: list[dict], fam: str) -> str:
     out = []
     for r in card:
         if r["dataset"] == fam and r["harm"] not in ("reconstruction", "accuracy") and clears(r) \
-                and not r.get("setting"):
-            out.append(f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({r['adversary']})")
+                and primary(r.get("setting", "")):
+            who = ", ".join(filter(None, (r["adversary"], r.get("setting", ""))))
+            out.append(f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({who})")
     return _join(list(dict.fromkeys(out)))
 
 
@@ -168,14 +171,13 @@ def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
     return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}" for r in acc) + f" ({diff})"
 
 
-def _between(comps: list[dict], fam: str, sized: bool) -> str:
-    """Leakage differences between methods whatever the channel (``compare.between``), distinguishable or borderline;
-    with fixed client sizes (``sized``) reconstruction is compared per size instead (``_recon``): its pooled cell
-    chooses among victims with images in both held-out halves, which leaves out the 1-image clients."""
-    out = [f"{c['a']} − {c['b']} {c['harm']} ({c['adversary']}; {c['channel_a']} vs {c['channel_b']}) "
-           f"{c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}" for c in comps
-           if c["harm"] != "accuracy" and c["ga"][0] == fam and c["call"] in ("distinguishable", "borderline")
-           and not (c["harm"] == "reconstruction" and sized)]
+def _between(comps: list[dict], fam: str) -> str:
+    """Leakage differences between methods whatever the channel (``compare.between``: per harm, adversary and, with
+    fixed client sizes, size), distinguishable or borderline."""
+    out = [f"{c['a']} − {c['b']} {c['harm']} ({', '.join(filter(None, (c['adversary'], c['setting'])))}; "
+           f"{c['channel_a']} vs {c['channel_b']}) {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
+           for c in comps
+           if c["harm"] != "accuracy" and c["ga"][0] == fam and c["call"] in ("distinguishable", "borderline")]
     return _join(out, "none distinguishable or borderline")
 
 
@@ -186,7 +188,7 @@ def family_sentence(res, card, comps, curve, by, fam: str) -> str:
     mb = ", ".join(f"{g[1]}{g[2]} {human_bytes(by[g]['total'])}" for g in gs if g in by)
     return (f"{fam}: images given back ({HEADLINE}, chance {_chance(card, curve, fam)}): {rec}; "
             f"other leaks: {_others(card, fam)}; leakage between methods whatever the channel (paired by seed, Holm): "
-            f"{_between(comps, fam, any(c['key'][0] == fam for c in curve))}; held-out accuracy {_accuracy(res, card, comps, fam)}"
+            f"{_between(comps, fam)}; held-out accuracy {_accuracy(res, card, comps, fam)}"
             + (f"; sent per run: {mb}." if mb else "."))
 
 

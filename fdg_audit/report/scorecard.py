@@ -9,13 +9,12 @@ rows.
     attacker's variant) form a row of their own with that setting, and never compete for the main row; so do
     artifacts a run with DP mechanisms sends outside all of them ("<artifact> outside DP"), so that each row's ε is
     the one that holds for what its attacks read.
-  * value: per run (held-out target x seed), every measurable output of every attack for that harm and
-    adversary (attack x artifact x output variant x victim x round) is a candidate, except outputs with the oracle
-    prior (upper bounds, shown labelled in the per-victim table); the strongest candidate is
-    chosen on half of the items and scored on the other half (``selection = "heldout"``;
-    fdg_audit.metrics.stats.heldout), or scored on all items when there is one candidate ("single"); with few items
-    see ``heldout`` ("heldout-ranked", "mean", "first"). Estimates
-    (label counts, dataset size) have one value per victim, so their items are the victims. The value is the mean
+  * value: every measurable output of every attack for that harm and adversary (attack x artifact x output
+    variant x round, its victims' items pooled) is a candidate, except outputs with the oracle prior (upper bounds,
+    shown labelled in the per-victim table); the candidate strongest on half A of the items of all the cell's runs
+    scores half B and the one strongest on B scores A (``selection = "crossfit"``; fdg_audit.metrics.stats.crossfit),
+    or one candidate scores all items ("single"). Estimates (label counts, dataset size) have one value per victim,
+    so their items are the victims. The value is the mean
     over runs; ci_low/ci_high: the 95% Student-t interval over the runs' values (n_runs of them; one run: the item
     bootstrap; fdg_audit.metrics.stats). Membership: an output's victim-pooled scores (victim "pooled", calibrated
     within each victim's model) replace its per-victim candidates, so a cell pools victims and runs (cells.py).
@@ -71,6 +70,7 @@ from ..runfolder import load_items
 from . import cells as C
 from . import tables as T
 from . import threat as TH
+from .curves import client_size
 
 FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "setting", "adversary", "metric", "value", "ci_low",
           "ci_high", "baseline", "baseline_ci_low", "baseline_ci_high", "reference", "diff_ref", "diff_ref_ci_low",
@@ -114,43 +114,90 @@ def _candidates(res: T.Results, final: dict, side: dict) -> dict:
     outputs an attack reports apart (``rows`` in attacks.json) form cells of their own setting, and so do artifacts
     sent outside every DP mechanism of a run that has some (setting "<artifact> outside DP"), so that a cell's ε is
     the one that holds for what it attacked, never the strongest of a covered and an uncovered artifact (``final``:
-    ``tables.final_privacy``). ``side`` receives the reconstruction companions of every output (``cells.side_key``:
-    aligned PSNR and success shares, each with its baseline)."""
-    gof = res.group_of()
+    ``tables.final_privacy``), and in a family whose clients have fixed sizes each size (``size_setting``).
+    A candidate is one attack output (attack, artifact, variant, round) over every victim of the run (and size):
+    its victims' items are pooled (``_pool``), so its value weighs every victim and a victim of one image can fall
+    in either held-out half; membership pools through its victim-calibrated scores (``_victims_pooled``).
+    ``side`` receives the reconstruction companions of every output (``cells.side_key``: aligned PSNR and success
+    shares, each with its baseline), pooled the same way."""
+    gof, runs = res.group_of(), {r["run"]: r for r in res.ok}
     out = defaultdict(lambda: defaultdict(list))
     for f in res.items:
         if f["run"] not in gof:
             continue
-        est = defaultdict(list)
+        outputs = defaultdict(list)
         key = lambda c: (gof[f["run"]], harm_of(c["metric"]), c["role"], c["setting"])  # noqa: E731
         for r in load_items(f["path"]):
             desc = res.attacks.get(r["attack"], {})
             if r["metric"] in C.COMPANIONS:
                 side[C.side_key(f["run"], r, r["metric"])] = (r["items"], r["base"])
-            if not info(r["metric"]).card or str(r.get("victim")) == "pooled" and info(r["metric"]).per_victim \
+            member = harm_of(r["metric"]) == "membership"
+            if not info(r["metric"]).card or str(r.get("victim")) == "pooled" and not member \
                     or TH.prior(desc, r["output"] or "") == ORACLE:
                 continue
             c = dict(attack=r["attack"], artifact=r["artifact"], output=r["output"] or "", metric=r["metric"],
                      items=r["items"], base=r["base"], ok=str(r.get("status", "ok")) in ("ok", ""),
                      role=role(str(r["adversary"])), round=r["round"], setting=TH.setting(desc, r["output"] or ""),
                      victim=str(r.get("victim")))
-            if T.outside_dp(final, f["run"], c["role"], c["artifact"]):
-                c["setting"] = ", ".join(filter(None, (c["setting"], f"{c['artifact']} outside DP")))
-            if info(r["metric"]).per_victim:
-                est[tuple(c[k] for k in ("attack", "artifact", "output", "metric", "role", "round", "ok",
-                                         "setting"))].append(c)
-            else:
+            n = None if member else client_size(runs[f["run"]], c["victim"])
+            extra = (size_setting(n) if n is not None else "",
+                     f"{c['artifact']} outside DP" if T.outside_dp(final, f["run"], c["role"], c["artifact"]) else "")
+            c["setting"] = ", ".join(filter(None, (c["setting"],) + extra))
+            if member:
                 out[key(c)][f["run"]].append(c)
-        for cs in est.values():   # an estimate's items are the victims
-            cat = lambda k: None if any(c[k] is None for c in cs) else S.Items(  # noqa: E731
-                "mean", np.concatenate([c[k].x for c in cs]), ids=np.concatenate([c[k].ids for c in cs]))
-            c = dict(cs[0], items=cat("items"), base=cat("base"))
+            else:
+                outputs[tuple(c[k] for k in ("attack", "artifact", "output", "metric", "role", "round", "ok",
+                                             "setting"))].append(c)
+        for cs in outputs.values():
+            c = _pool(cs, side, f["run"])
             out[key(c)][f["run"]].append(c)
-    for k, runs in out.items():   # once every file of a run is read
+    for k, runs_ in out.items():   # once every file of a run is read
         if k[1] == "membership":
-            for run, cands in runs.items():
-                runs[run] = _victims_pooled(cands)
+            for run, cands in runs_.items():
+                runs_[run] = _victims_pooled(cands)
     return out
+
+
+def size_setting(n: int) -> str:
+    """The setting of a cell of clients with ``n`` training images (families with fixed client sizes)."""
+    return f"clients of {n} image" + "s" * (n != 1)
+
+
+def primary(setting: str) -> bool:
+    """A setting every method of a family has and that methods are compared in: the harm's main row ("") or one
+    client size's row."""
+    return not setting or setting.startswith("clients of ") and "," not in setting
+
+
+def again(r: dict) -> bool:
+    """Whether a scorecard row repeats a cell with its Δ over channels (setting ``ANY_CHANNEL``)."""
+    return str(r.get("setting", "")).endswith(ANY_CHANNEL)
+
+
+def _cat(parts: list):
+    """Items of several victims as one (None when one of them has none)."""
+    if any(p is None or not isinstance(p, S.Items) for p in parts):
+        return None
+    ids = None if any(p.ids is None for p in parts) else np.concatenate([p.ids for p in parts])
+    y = None if any(p.y is None for p in parts) else np.concatenate([p.y for p in parts])
+    return S.Items(parts[0].kind, np.concatenate([np.asarray(p.x, float) for p in parts]), y, ids)
+
+
+def _pool(cs: list, side: dict, run: str) -> dict:
+    """One attack output's candidates of several victims as one (victims "|"-joined), their items, baselines and
+    reconstruction companions concatenated and their CPU costs averaged (an estimate's items are its victims)."""
+    if len(cs) == 1:
+        return cs[0]
+    c = dict(cs[0], items=_cat([c["items"] for c in cs]), base=_cat([c["base"] for c in cs]),
+             victim="|".join(c["victim"] for c in cs))
+    for metric in C.COMPANIONS:
+        got = [side.get(C.side_key(run, v, metric)) for v in cs]
+        if all(g is not None for g in got):
+            side[C.side_key(run, c, metric)] = (_cat([g[0] for g in got]), _cat([g[1] for g in got]))
+    cost = [side.get(C.side_key(run, v, "cpu_seconds")) for v in cs]
+    if all(x is not None for x in cost):
+        side[C.side_key(run, c, "cpu_seconds")] = float(np.mean(cost))
+    return c
 
 
 def _victims_pooled(cands: list) -> list:
@@ -188,23 +235,35 @@ def _fmt(x) -> str:
     return "" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.6g}"
 
 
-def _select(run: str, cands: list, const: dict) -> dict:
-    """The held-out choice in one run: value items, the chosen candidate's own baseline on the same items (the same
-    victim, the same half; a constant where it has no per-item baseline), the chosen candidate."""
-    cands = [c for c in cands if c["ok"]] or cands
-    higher = info(cands[0]["metric"]).higher
-    salt = seeding.seed32(run, seeding.SCORE)
-    i, items, sel = S.heldout([c["items"] for c in cands], higher, salt)
-    chosen, base = cands[i], cands[i]["base"]
-    if base is None or sel == "mean" and any(c["base"] is None for c in cands):
-        base = const.get((run, chosen["attack"], chosen["artifact"], chosen["output"], chosen["metric"]), np.nan)
-    elif sel == "mean":     # one item, no choice: the candidates' values were averaged, so are their baselines
-        base = S.Items("mean", np.array([np.mean([c["base"].stat() for c in cands])]), ids=items.ids)
-    elif sel == "heldout" and base.ids is not None:
-        base = base.sub(S.half(base.ids, salt))
-    elif sel == "heldout-ranked" and base.ids is not None:
-        base = base.sub(np.isin(base.ids, items.ids))
-    return dict(items=items, base=base, chosen=chosen, selection=sel, ok=chosen["ok"])
+def _select(per_run: dict, const: dict) -> dict:
+    """The cross-fitted choice of one cell (``stats.crossfit``): per run, its items as scored (each half by the
+    candidate chosen on the other), the chosen candidates' own baselines on the same items (a constant where a
+    candidate has no per-item baseline), the candidate chosen on half A (``chosen``: what the row names) and
+    ``parts`` [(candidate, half)]."""
+    cands = {}
+    for run, cs in per_run.items():
+        seen = Counter()
+        cands[run] = {}
+        for c in [c for c in cs if c["ok"]] or cs:   # an output's key; victims apart only for membership
+            k = (c["attack"], c["artifact"], c["output"], c["metric"], c["round"])
+            cands[run][k + (seen[k],)] = c
+            seen[k] += 1
+    metric = next(c["metric"] for cs in cands.values() for c in cs.values())
+    salts = {run: seeding.seed32(run, seeding.SCORE) for run in cands}
+    choice, how = S.crossfit({run: {k: c["items"] for k, c in cs.items()} for run, cs in cands.items()},
+                             info(metric).higher, salts)
+    out = {}
+    for run, ks in choice.items():
+        parts = [(cands[run][k], h) for k, h in ks]
+        items = S.concat([S.part(c["items"], salts[run], h) for c, h in parts])
+        if all(isinstance(c["base"], S.Items) for c, _ in parts):
+            base = S.concat([S.part(c["base"], salts[run], h) for c, h in parts])
+        else:
+            c = parts[0][0]
+            base = const.get((run, c["attack"], c["artifact"], c["output"], c["metric"]), np.nan)
+        out[run] = dict(items=items, base=base, chosen=parts[0][0], parts=parts, salt=salts[run], selection=how,
+                        ok=all(c["ok"] for c, _ in parts))
+    return out
 
 
 def _stat_base(bases: list) -> tuple:
@@ -271,11 +330,11 @@ def _accuracy_rows(res: T.Results, ref, base_row) -> list[dict]:
 
 
 def selections(res: T.Results) -> dict:
-    """{(group, harm, role, setting): {run: the held-out choice of ``_select``}}, computed once per Results (with
+    """{(group, harm, role, setting): {run: the cross-fitted choice of ``_select``}}, computed once per Results (with
     ``res.cache["side"]``: the reconstruction companions and CPU costs by ``cells.side_key``)."""
     if "chosen" not in res.cache:
         const, final, side = _constant_baseline(res), T.final_privacy(res), C.cpu_seconds(res.leakage)
-        res.cache["chosen"] = {key: {run: _select(run, cs, const) for run, cs in sorted(per_run.items())}
+        res.cache["chosen"] = {key: _select(dict(sorted(per_run.items())), const)
                                for key, per_run in _candidates(res, final, side).items()}
         res.cache["side"] = side
     return res.cache["chosen"]
