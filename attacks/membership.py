@@ -54,6 +54,7 @@ controls use the attack's ``seed``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -246,6 +247,8 @@ def references(view, aux: Aux, p: RefParams, victims: list[str], online: bool) -
     ins = {v: (rng.random((n_ref, len(c))).argsort(0) < n_ref // 2) if online else np.zeros((n_ref, len(c)), bool)
            for v, c in cands.items()}
     k = len(view.clients)
+    key = _refs_key(view, p, victims, online)
+    got = view.cached(key)      # another attack's job of this run trained the same references (LiRA and RMIA)
     states, cand_in, pool_in = [], [], []
     for r in range(p.refs):
         if owner is None:
@@ -263,16 +266,31 @@ def references(view, aux: Aux, p: RefParams, victims: list[str], online: bool) -
             if c in ins:
                 train = _cat([train, _sub(cands[c], np.flatnonzero(ins[c][r]))])
             clients[c] = (train, population)
-        params = dataclasses.replace(view.settings, **({"rounds": p.ref_rounds} if p.ref_rounds else {}))
-        ref = federate(view.method, params, view.model_cfg, clients, aux.num_classes or view.shape[2],
-                       seed=1000 * p.seed + r, device=view.device, run_id=f"reference{r}")
+        if got is None:
+            params = dataclasses.replace(view.settings, **({"rounds": p.ref_rounds} if p.ref_rounds else {}))
+            ref = federate(view.method, params, view.model_cfg, clients, aux.num_classes or view.shape[2],
+                           seed=1000 * p.seed + r, device=view.device, run_id=f"reference{r}")
+            states.append({v: target_states(ref, v, p.target_model)[-1][1] for v in victims})
+        else:
+            states.append({v: {n.split(".", 1)[1]: a for n, a in got.items() if n.startswith(f"r{r}v{i}.")}
+                           for i, v in enumerate(victims)})
         trained = {c: set(tr.idx.tolist()) for c, (tr, _) in clients.items()}
         everyone = set().union(*trained.values())
         seen = {v: trained[v] if p.target_model == "local" else everyone for v in victims}
-        states.append({v: target_states(ref, v, p.target_model)[-1][1] for v in victims})
         cand_in.append({v: np.isin(cands[v].idx, list(seen[v])) for v in victims})
         pool_in.append({v: np.isin(pool.idx, list(seen[v])) for v in victims})
+    if got is None:
+        view.keep(key, {f"r{r}v{i}.{n}": np.asarray(a) for r, st in enumerate(states)
+                        for i, v in enumerate(victims) for n, a in st[v].items()})
     return References(states, cand_in, pool, pool_in, population)
+
+
+def _refs_key(view, p: RefParams, victims: list[str], online: bool) -> str:
+    """The attack-cache key of one run's reference federations: everything that decides them (the run, the
+    reference settings, the victims), so attacks with the same settings (LiRA and RMIA) train them once."""
+    what = (view.run_id, p.seed, p.refs, online, p.ref_rounds, p.ref_fraction, p.shadow_data, p.population,
+            p.target_model, tuple(victims))
+    return "refs-" + hashlib.blake2b(repr(what).encode(), digest_size=12).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ attacks

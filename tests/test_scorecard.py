@@ -732,3 +732,20 @@ def test_delta_intervals_stay_within_the_range_of_a_difference(tmp_path):
         assert float(lo) == -1.0 and float(hi) == 1.0 and float(v) == pytest.approx(raw["mean"], abs=1e-9)
     assert SC.cut_diff(dict(lo=-3.0, hi=0.5), "auc") == dict(lo=-1.0, hi=0.5)
     assert SC.cut_diff(dict(lo=-99.0, hi=99.0), "psnr") == dict(lo=-60.0, hi=60.0)
+
+
+def test_a_membership_cell_shows_its_spread_over_victims_against_each_victims_own_baseline():
+    """Per-victim AUCs of the output a cell chose: median and range, and how many victims' own 95% interval clears
+    their own baseline (max(0.5, blind AUC)): D's interval clears 0.5 but not its blind baseline 0.65. Another
+    output's victims and the victim-pooled row stay out."""
+    from fdg_audit.report import cells as C
+    row = lambda v, m, x, b, out="": dict(run="R", attack="mia", artifact="weights", output=out, round=2,  # noqa: E731
+                                          victim=v, metric=m, value=x, baseline=b)
+    leak = []
+    for v, a, lo, b in (("B", 0.9, 0.8, 0.5), ("C", 0.55, 0.45, 0.5), ("D", 0.7, 0.6, 0.65), ("pooled", 0.99, 0.98, 0.5)):
+        leak += [row(v, "auc", a, b), row(v, "auc_ci_low", lo, b)]
+    leak += [row("E", "auc", 1.0, 0.5, "other"), row("E", "auc_ci_low", 0.99, 0.5, "other")]
+    sel = {"R": dict(parts=[(dict(attack="mia", artifact="weights", output="", round=2), False)])}
+    got = C.spread(sel, C.victim_index(leak))
+    assert float(got["victim_auc_median"]) == pytest.approx(0.7) and float(got["victim_auc_min"]) == 0.55
+    assert float(got["victim_auc_max"]) == 0.9 and got["victims_clear"] == "1/3"

@@ -52,6 +52,26 @@ def test_reid_calibration_noisy_copy_at_22db_is_found_and_the_mean_image_is_not(
     assert _row(got_m, "psnr")["value"] <= _row(got_m, "psnr")["baseline"] + 1e-6
 
 
+def test_a_dim_copy_is_the_victims_image_and_a_blank_is_nobodys(truth):
+    """Re-identification asks "is this the victim's image?", not "is it as bright": a copy of each true image at 35%
+    of its contrast picks itself out of 1 + 99 candidates (plain MSE prefers a faint distractor: 0.10 of them
+    here), and so does a recoloured copy; a constant image never does."""
+    d = truth.data.domain("rot0")
+    rows = np.arange(40)
+    x = d.train.x[rows]
+    dis, _ = truth.distractors(d.train.idx[rows], d.train.y[rows].numpy(), ["rot0"] * 40, d.train.idx, N_DISTRACTORS)
+    assert M.reidentified(0.35 * x, x, dis).float().mean() >= 0.95
+    B, D = dis.shape[:2]
+    cand = torch.cat([x[:, None], dis], 1).flatten(0, 1)
+    r = (0.35 * x)[:, None].expand(B, D + 1, *x.shape[1:]).reshape(cand.shape)
+    plain = M.mse(M.aligned(r, cand), cand).view(B, D + 1)
+    assert (plain[:, 0] < plain[:, 1:].amin(1)).float().mean() <= 0.5    # what the unstandardised rule scored
+    rgb, drgb = x.expand(-1, 3, -1, -1), dis.expand(-1, -1, 3, -1, -1)
+    tint = rgb * torch.tensor([0.9, 0.3, 0.6]).view(1, 3, 1, 1) + torch.tensor([0.0, 0.5, 0.2]).view(1, 3, 1, 1)
+    assert M.reidentified(tint, rgb, drgb).float().mean() >= 0.95
+    assert not M.reidentified(torch.full_like(x, 0.4), x, dis).any()
+
+
 def test_distractors_are_of_the_victims_domain_not_held_by_it_and_same_class_first(truth):
     d = truth.data.domain("rot15")
     idx, y = d.train.idx[:5], d.train.y[:5].numpy()

@@ -93,17 +93,26 @@ def aligned_mse(x, y, chunk=4096):
     return ((sx[i] + sy[j] - 2 * best) / n).clamp_min(0).view(len(x), len(y))
 
 
+def standardized(x, eps=1e-6):
+    """Each image's channels at zero mean and unit variance over their pixels (a constant channel becomes 0), shape
+    like x: what is left once brightness, contrast and palette are taken out."""
+    m = x.mean((-2, -1), keepdim=True)
+    return (x - m) / x.std((-2, -1), keepdim=True).clamp_min(eps)
+
+
 def reidentified(rec, truth, distractors, aligned_match=True):
-    """Re-identification hits, shape (B,) bool: reconstruction ``rec[b]`` is nearer (MSE, after alignment unless
-    ``aligned_match`` is False) to its true image ``truth[b]`` than to every one of its ``distractors[b]``
-    (B, D, C, H, W): does the reconstruction pick the victim's image out of a candidate set? A tie is a miss, so an
-    image equally far from every candidate (e.g. blank) never scores; chance is 1/(1 + D)."""
+    """Re-identification hits, shape (B,) bool: reconstruction ``rec[b]`` is nearer to its true image ``truth[b]``
+    than to every one of its ``distractors[b]`` (B, D, C, H, W): does the reconstruction pick the victim's image out
+    of a candidate set? Nearer: MSE between ``standardized`` images (each channel at zero mean and unit variance, so
+    a dimmer, low-contrast or recoloured copy of the right image counts and a palette alone does not), after the
+    best circular shift and point inversion unless ``aligned_match`` is False. A tie is a miss, so an image equally
+    far from every candidate (e.g. blank) never scores; chance is 1/(1 + D)."""
     B, D = distractors.shape[:2]
-    cand = torch.cat([truth[:, None], distractors], 1)                        # (B, 1 + D, C, H, W)
-    r = rec[:, None].expand_as(cand).reshape(B * (D + 1), *rec.shape[1:])
-    c = cand.reshape(B * (D + 1), *rec.shape[1:])
-    d = (mse(aligned(r, c), c) if aligned_match else mse(r, c)).view(B, D + 1)
-    return d[:, 0] < d[:, 1:].amin(1) if D else torch.ones(B, dtype=torch.bool, device=rec.device)
+    cand = standardized(torch.cat([truth[:, None], distractors], 1).flatten(0, 1))   # (B (1 + D), C, H, W)
+    r = standardized(rec)[:, None].expand(B, D + 1, *rec.shape[1:]).reshape(cand.shape)
+    d = (mse(aligned(r, cand), cand) if aligned_match else mse(r, cand)).view(B, D + 1)
+    flat = rec.flatten(2).std(2).amax(1) <= 1e-6          # a constant image is equally far from every candidate
+    return ~flat & (d[:, 0] < d[:, 1:].amin(1) if D else torch.ones(B, dtype=torch.bool, device=rec.device))
 
 
 def ssim(x, y, data_range=1.0, win_size=11, sigma=1.5, k1=0.01, k2=0.03):

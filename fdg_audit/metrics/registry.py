@@ -34,7 +34,7 @@ INF = math.inf
 _ROWS = [  # name, unit, higher, lo, hi, harm, label, text, card, per_victim
     ("reid", "fraction", True, 0.0, 1.0, "reconstruction", "re-identified",
      "fraction of reconstructions that pick their true image out of it and 99 same-domain images the victim did not "
-     "hold (nearest neighbour, aligned); baseline: chance (1/100, or for unordered reconstructions matched among a "
+     "hold (nearest neighbour, aligned, each channel standardised); baseline: chance (1/100, or for unordered reconstructions matched among a "
      "victim's N images the hit rate of free guesses sent through the same matching)", True, False),
     ("psnr", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "recon PSNR dB",
      "mean PSNR of the aligned reconstructions against the true images", False, False),

@@ -18,7 +18,9 @@
   0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members. Calibrated
   quantiles of models with few candidates tie across models (6 non-members per model take 6 values), so no threshold
   may reach the FPR: the TPR is then that of random tie-breaking at exactly that FPR (the ROC interpolated), where
-  the step rule would read the TPR at FPR 0.
+  the step rule would read the TPR at FPR 0. Beside the pool, its spread over victims (``spread``): the median and
+  range of the per-victim AUCs (each victim's own model and candidates) and how many victims' own 95% DeLong interval
+  clears their baseline, so a few leaky clients and all a little can be told apart.
 """
 from __future__ import annotations
 
@@ -129,6 +131,35 @@ def pool(sel: dict) -> dict:
     for f in TPR_AT:   # ties no threshold splits: random tie-breaking (module doc)
         out[f"tpr@{f:g}fpr"] = _fmt(MM.tpr_at_fpr(x, y, f, ties="interpolate") if n1 and n0 else NAN)
     return out
+
+
+def victim_index(leakage: list[dict]) -> dict:
+    """{(run, attack, artifact, output, round): [(auc, its 95% low end, baseline)] per victim} of leakage.csv's
+    per-victim membership rows (victim "pooled" left out)."""
+    rows = {}
+    for r in leakage:
+        if r["metric"] in ("auc", "auc_ci_low") and str(r.get("victim")) != "pooled":
+            k = (r["run"], r["attack"], r["artifact"], r.get("output") or "", int(r["round"]), str(r["victim"]))
+            rows.setdefault(k, {})[r["metric"]] = (float(r["value"]), float(r["baseline"]))
+    out = {}
+    for k, m in rows.items():
+        if "auc" in m and "auc_ci_low" in m:
+            out.setdefault(k[:5], []).append((m["auc"][0], m["auc_ci_low"][0], m["auc"][1]))
+    return out
+
+
+def spread(sel: dict, index: dict) -> dict:
+    """How a membership cell spreads over its victims (module doc): per victim of every run, the AUC of the outputs
+    the cell chose there (``sel[run]["parts"]``); victim_auc_median, victim_auc_min, victim_auc_max, and
+    victims_clear: "k/n" victims whose own 95% interval lies wholly above their baseline (max(0.5, blind AUC))."""
+    got = [v for run, s in sel.items() for c in dict.fromkeys(
+        (c["attack"], c["artifact"], c["output"], int(c["round"])) for c, _ in s.get("parts", ()))
+        for v in index.get((run,) + c, [])]
+    if not got:
+        return {}
+    a = np.array([g[0] for g in got])
+    return dict(victim_auc_median=_fmt(float(np.median(a))), victim_auc_min=_fmt(float(a.min())),
+                victim_auc_max=_fmt(float(a.max())), victims_clear=f"{sum(lo > b for _, lo, b in got)}/{len(got)}")
 
 
 def unresolved(p: dict) -> str:

@@ -49,7 +49,8 @@ rows.
     companions (cells.recon_side): the same chosen attack's aligned psnr, success_20dB and success_25dB on the same
     runs, victims and held-out images (with intervals and the baseline's), and cpu_seconds per victim (leakage.csv's
     cost row of the chosen victim, mean over runs); pool_members, pool_nonmembers,
-    min_auc, tpr@0.01fpr, tpr@0.001fpr: membership cells' pooled scores (fdg_audit/report/cells.py).
+    min_auc, tpr@0.01fpr, tpr@0.001fpr: membership cells' pooled scores; victim_auc_median/min/max and
+    victims_clear ("k/n"): their spread over victims (fdg_audit/report/cells.py).
   * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
     measurable"), none (the attacks have no controls). epsilon: accuracy rows: the largest headline ε any client
     spent by the end of the run (each mechanism's budget against the adversary it is configured for), max over
@@ -78,7 +79,8 @@ FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "setting", "adversa
           "capabilities", "assumes", "psnr", "psnr_ci_low", "psnr_ci_high", "baseline_psnr", "success_20dB",
           "success_20dB_ci_low", "success_20dB_ci_high", "baseline_success_20dB", "success_25dB", "success_ci_low",
           "success_ci_high", "baseline_success_25dB", "median", "median_ci_low", "median_ci_high", "baseline_median",
-          "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.001fpr", "control",
+          "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.001fpr",
+          "victim_auc_median", "victim_auc_min", "victim_auc_max", "victims_clear", "control",
           "selection", "n_runs", "n_items", "converged"]
 ANY_CHANNEL = "any channel"
 
@@ -401,6 +403,10 @@ def _cell(res: T.Results, key: tuple, sel: dict, final: dict) -> dict:
     cut = lambda x: x if x != x else min(max(x, mi.lo), mi.hi)  # noqa: E731  (intervals stay in the range)
     above = not (b == b) or (m > b if mi.higher else m < b)
     pool = C.pool(sel)
+    if pool:
+        if "victims" not in res.cache:
+            res.cache["victims"] = C.victim_index(res.leakage)
+        pool |= C.spread(sel, res.cache["victims"])
     row |= dict(value=_fmt(m), ci_low=_fmt(cut(lo)), ci_high=_fmt(cut(hi)), baseline=_fmt(b),
                 baseline_ci_low=_fmt(cut(blo)), baseline_ci_high=_fmt(cut(bhi)), _above=above)
     row |= C.psnr_headlines(metric, sel, seed) | pool | dict(_resolvable=pool.get("_resolvable", True))

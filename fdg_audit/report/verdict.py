@@ -59,8 +59,11 @@ def side(r: dict) -> str:
                 f"{_pm(r, 'median', 1, ' dB')} (baseline {num(r['baseline_median']):.1f} dB)")
     if r.get("pool_members") not in ("", None):
         v = lambda k: "n/a" if num(r[k]) != num(r[k]) else f"{num(r[k]):.3f}"  # noqa: E731
+        per = "" if not r.get("victims_clear") else (
+            f"; per victim AUC median {v('victim_auc_median')} (range {v('victim_auc_min')}-{v('victim_auc_max')}), "
+            f"{r['victims_clear']} victims clear their baseline")
         return (f"pool {r['pool_members']} members / {r['pool_nonmembers']} non-members, smallest detectable AUC "
-                f"{v('min_auc')}; TPR@1%FPR {v('tpr@0.01fpr')}, TPR@0.1%FPR {v('tpr@0.001fpr')}")
+                f"{v('min_auc')}; TPR@1%FPR {v('tpr@0.01fpr')}, TPR@0.1%FPR {v('tpr@0.001fpr')}" + per)
     return ""
 
 
