@@ -152,14 +152,15 @@ def _chance(card: list[dict], curve: list[dict], fam: str) -> str:
 
 
 def _others(card: list[dict], fam: str) -> str:
-    """The other harms measured above baseline in a family: method: harm via channel."""
-    out = []
+    """The other harms measured above baseline in a family: method harm via channel (adversary; the client sizes
+    where it clears, with fixed client sizes)."""
+    out = {}
     for r in card:
         if r["dataset"] == fam and r["harm"] not in ("reconstruction", "accuracy") and clears(r) \
                 and primary(r.get("setting", "")):
-            who = ", ".join(filter(None, (r["adversary"], r.get("setting", ""))))
-            out.append(f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({who})")
-    return _join(list(dict.fromkeys(out)))
+            k = f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({r['adversary']}"
+            out.setdefault(k, []).append(r.get("setting", "").removeprefix("clients of ").split(" ")[0])
+    return _join([k + (f"; clients of {', '.join(n)} images)" if any(n) else ")") for k, n in out.items()])
 
 
 def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
