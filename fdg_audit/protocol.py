@@ -25,6 +25,8 @@ from .bus import Payload
 from .data import Domain, Split
 from .models import ModelConfig, build_model
 from .params import TrainParams, make_optimizer
+from .privacy import prepare_client
+from .privacy.dpsgd import dp_fit
 
 
 def default_build(party) -> torch.nn.Module:
@@ -170,7 +172,6 @@ class Client(Party):
         self.events: list[dict] = []          # accounting events of local mechanisms (DP-SGD), sent with the next reply
         super().__init__(ctx)
         if self.privacy is not None:
-            from .privacy import prepare_client
             prepare_client(self)
         self.setup()
 
@@ -227,7 +228,6 @@ class Client(Party):
         """Local training: ``loss_fn(model, x, y) -> loss`` (default cross-entropy) over ``batches(**kw)``.
         With ``[privacy] dp_sgd`` it is DP-SGD (fdg_audit.privacy.dpsgd) with Poisson batches instead."""
         if self.privacy is not None and self.privacy.dp_sgd:
-            from .privacy.dpsgd import dp_fit
             return dp_fit(self, model, loss_fn, opt, **kw)
         loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
         opt = opt or make_optimizer(self.params, model.parameters())
