@@ -1,4 +1,5 @@
-"""The attack plugin contract: what an attack plugin imports (with ``fdg_audit.api``).
+"""The attack plugin contract, beside the method contract (protocol.py); plugins import it as
+``fdg_audit.api.attack`` (with ``fdg_audit.api``).
 
 An attack plugin is a subclass of ``Attack`` with
   ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
@@ -23,7 +24,7 @@ scorecard's ``prior``, ``budget`` and ``capabilities`` columns (``Attack.threat`
   reports in a row of their own (a weaker attacker's setting, e.g. perturbed copies), never competing with the
   attack's other outputs for the harm's headline.
 It sees only the ``AdversaryView`` (what that adversary received or sent) and the ``Aux`` it declared. Ground
-truth never reaches ``run``: the scorer (fdg_audit.scoring) joins outputs with truth, and the metric registry
+truth never reaches ``run``: the scorer (fdg_audit.audit.scoring) joins outputs with truth, and the metric registry
 (fdg_audit.metrics.registry) says which harm each scored metric measures. An attack applies to a run when its
 adversary observed a kind it ``consumes``. attacks/README.md is the how-to.
 """
@@ -171,6 +172,9 @@ class Skipped:
     round: int
     reason: str
     variant: str = ""
+
+
+OUTPUTS = (Reconstruction, Scores, Predictions, Estimate, Audit, Skipped)   # what ``run`` may return, in one place
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The method contract: ``MethodPlugin`` (what a method plugin class declares) and the parties it defines
 (``Party``, ``Client``, ``Server``), with the helpers every method uses. Plugins import these from
-``fdg_audit.api.method``; the engines (fdg_audit.engines) and the round loop (fdg_audit.federation) drive them.
+``fdg_audit.api.method``; the engines (fdg_audit.train.engines) and the round loop (fdg_audit.train.federation) drive them.
 
 Server and clients never hold references to each other: every exchange goes through the bus, and in the
 ``process`` and ``ray`` engines clients live in workers and see only the encoded bytes they are sent.
@@ -217,7 +217,7 @@ class Client(Party):
             yield split.x[j], split.y[j]
 
     # A client whose ``on_<vmap_phase>`` is "load the message, fit(self.model) with plain SGD/Adam, reply" may be
-    # trained in a cohort (fdg_audit.cohort): the engine calls vmap_begin(msg) on each, trains every
+    # trained in a cohort (fdg_audit.train.cohort): the engine calls vmap_begin(msg) on each, trains every
     # client's ``model`` together, then vmap_end() on each. ``vmap_ok()`` says whether this instance qualifies.
     vmap_phase: str | None = None
 

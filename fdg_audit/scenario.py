@@ -257,7 +257,7 @@ SHARED_ATTACK_KEYS = tuple(f.name for f in dataclasses.fields(AttackParams))   #
 def expand_attacks(entries: list) -> list:
     """An entry named "all" stands for every registered attack not listed by its own entry; its keys (from
     ``SHARED_ATTACK_KEYS``, plus ``exclude = [names]``) apply to each. Which of them run on a run follows from
-    their ``consumes`` and the run's ledger (``fdg_audit.harness.applicable``)."""
+    their ``consumes`` and the run's ledger (``fdg_audit.audit.harness.applicable``)."""
     out, named = [], {e.name for e in entries} | {e.label for e in entries}
     for e in entries:
         if e.name != "all":

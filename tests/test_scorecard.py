@@ -172,7 +172,8 @@ class StyleProbe(Attack):
 def test_attacks_all_selects_exactly_the_attacks_whose_consumes_meet_the_ledger(run_toml):
     import json
     from fdg_audit.audit.harness import selection
-    from fdg_audit.plugins import available, load_attack
+    from fdg_audit.attack import load_attack
+    from fdg_audit.plugins import available
     from fdg_audit.scenario import load_raw, parse
     root = run_toml("""
         name = "sel"

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attack import (ADVERSARIES, AUX, CAPABILITIES, PRIORS, Audit, Control, Estimate, Predictions, Reconstruction,
-                      Scores, Skipped, load_attack)
+from ..attack import ADVERSARIES, AUX, CAPABILITIES, PRIORS, Control, Skipped, load_attack
+from ..attack import OUTPUTS as RUN_OUTPUTS
 from ..errors import UserError
 from ..params import safe_name, typed
 from ..plugins import import_path, resolve
@@ -25,7 +25,7 @@ from .sandbox import run_isolated
 from .transport import AttackFailed
 from .worker import portrait
 
-OUTPUTS = {c.__name__: c for c in (Reconstruction, Scores, Predictions, Estimate, Audit, Skipped, Control)}
+OUTPUTS = {c.__name__: c for c in (*RUN_OUTPUTS, Control)}   # what a worker may send back
 
 
 # ------------------------------------------------------------------------------------------- attacks as described
@@ -134,7 +134,7 @@ def _threat(t, label: str) -> dict:
                 isinstance(n, int) and n >= 0 for n in v) for v in budget.values())
             and isinstance(t.get("knows", []), list)):
         raise UserError(f"attack {label}: priors, budget, knows and rows do not describe a threat model (see "
-                        "fdg_audit/api/attack.py)")
+                        "fdg_audit/attack.py)")
     bad = sorted(set(t.get("priors", {}).values()) - set(PRIORS)) + sorted(set(t.get("knows", [])) - set(CAPABILITIES))
     if bad:
         raise UserError(f"attack {label}: {bad} not in the priors {PRIORS} or capabilities {sorted(CAPABILITIES)}")
@@ -179,8 +179,8 @@ def checked_outputs(outs, run: RunInfo, me: str) -> list:
     for o in outs:
         name = type(o).__name__
         if type(o) not in OUTPUTS.values() or isinstance(o, Control):
-            raise AttackFailed(f"run() returned a {name}: return Reconstruction, Scores, Predictions, Estimate, "
-                               "Audit or Skipped")
+            raise AttackFailed(f"run() returned a {name}: return "
+                               f"{', '.join(c.__name__ for c in RUN_OUTPUTS[:-1])} or {RUN_OUTPUTS[-1].__name__}")
         for f in dataclasses.fields(o):
             v, kind = getattr(o, f.name), str(f.type)
             bad = lambda want: AttackFailed(  # noqa: E731

@@ -1,12 +1,12 @@
 """The attack harness: plan which attack reads which run, build views, run workers, score, write the results.
 
 ``run_attacks(root, attack_cfgs)`` attacks every finished run of a run folder. It reads the runs from the folder's
-records (``RunInfo`` in summary.json, fdg_audit.runfolder) and never re-plans the scenario. Each attack is first
+records (``RunInfo`` in summary.json, fdg_audit.store.runfolder) and never re-plans the scenario. Each attack is first
 described by a metadata probe in a throw-away worker (``describe``), so plugin code never runs in the harness;
-then its controls and every run it applies to run in worker processes on materialised views (fdg_audit.sandbox),
+then its controls and every run it applies to run in worker processes on materialised views (fdg_audit.audit.sandbox),
 ``parallel`` at a time, each within the folder's ``attack_timeout`` and ``attack_memory_gb``. What a worker returns
 is data from plugin code: every field is checked (``checked_outputs``) before it is scored, and what a job keeps for
-later jobs of its attack (``AdversaryView.keep``) is checked and stored in RUN/attack_cache/ (``store_kept``). Outputs are joined with the truth by fdg_audit.scoring and written through the run folder
+later jobs of its attack (``AdversaryView.keep``) is checked and stored in RUN/attack_cache/ (``store_kept``). Outputs are joined with the truth by fdg_audit.audit.scoring and written through the run folder
 module: leakage.csv, controls.json, attacks.json, items/, mia/, recon/. An attack applies to a run when its
 adversary observed a kind it ``consumes`` (``applicable``; ``selection`` lists them per run), which is how
 ``attacks = "all"`` picks attacks. Membership scores of several victims are also scored pooled (victim "pooled").
@@ -183,7 +183,7 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
                 threads: int = 0) -> Path:
     """Run attacks on every finished run of a run folder; write leakage.csv, controls, attacks.json and grids.
 
-    ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.sandbox); False runs
+    ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.audit.sandbox); False runs
     it in this process, for debugging, with no boundary enforced. ``parallel``: worker processes at once (an
     attack's control and its runs), each on ``threads`` torch threads (0: this process's count split among them);
     rows, items and grids come out in plan order whatever finishes first."""

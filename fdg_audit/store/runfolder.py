@@ -3,7 +3,7 @@
     config.resolved.toml   the scenario as run (without secret split seeds)
     manifest.json          versions, commit, runs planned
     summary.json           {"scenario", "reference", "bytes", "runs": [RunInfo as a dict]}
-    messages.jsonl         the hash-chained ledger (fdg_audit.ledger); payloads/ its bytes
+    messages.jsonl         the hash-chained ledger (fdg_audit.store.ledger); payloads/ its bytes
     metrics.csv            per-round history of every run
     privacy.csv            spent ε per party and mechanism (DP runs)
     truth/                 ground truth the attacks never see: secrets.json, <run>/<client>/<record>.npz

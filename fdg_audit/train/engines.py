@@ -2,9 +2,9 @@
 
 ``LocalLink`` keeps every client in the driver; ``ProcessLink`` spreads them over spawned worker processes
 (``build_host``: each loads only its clients' domains); ``RemoteLink`` talks to workers managed elsewhere
-(fdg_audit.ray_engine). All of them carry the server's requests and the clients' replies through the bus, so
+(fdg_audit.train.ray_engine). All of them carry the server's requests and the clients' replies through the bus, so
 every engine records the same ledger. ``Host`` answers requests for the clients of one place and trains a cohort
-of them as one stacked model where they support it (fdg_audit.cohort).
+of them as one stacked model where they support it (fdg_audit.train.cohort).
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """The round loop: one federation (one method, one held-out target, one seed) and its evaluation.
 
 A method is a ``MethodPlugin`` (fdg_audit.protocol): ``Params``, ``Server``, ``Client``. The loop builds the
-parties on an engine (fdg_audit.engines), runs round 0 (``Server.begin``) and rounds 1..R (``Server.step``),
+parties on an engine (fdg_audit.train.engines), runs round 0 (``Server.begin``) and rounds 1..R (``Server.step``),
 and evaluates the global model every ``eval_every`` rounds.
 
 Many clients: ``data.clients_per_domain = N`` splits each source domain into clients "<domain>/<k>"
 (``DomainSet.clients``); ``participation = f`` asks a seeded sample of round(f * K) clients each training round
 (``Server.active``; the ledger's envelopes record who was asked). ``cohort = "vmap"`` trains the clients of one
-worker that support it (``Client.vmap_phase``) as one stacked model (fdg_audit.cohort); ``auto`` only on CUDA.
+worker that support it (``Client.vmap_phase``) as one stacked model (fdg_audit.train.cohort); ``auto`` only on CUDA.
 
 Public data (``data.public``): the server gets the public domain as ``Server.public`` and the ledger records it
 once, in round 0, as a ``public_aux`` envelope from "public" to the server (its size and sha256, no images);

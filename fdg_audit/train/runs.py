@@ -333,7 +333,7 @@ def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, qui
                                 for h in res["history"]]
         if not quiet:
             _say_run(i, len(runs), r, info)
-    return asdict(RunInfo(**info))   # the run's record in summary.json (fdg_audit.runfolder.RunInfo)
+    return asdict(RunInfo(**info))   # the run's record in summary.json (fdg_audit.store.runfolder.RunInfo)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
