@@ -20,9 +20,10 @@ from pathlib import Path
 
 import tomli_w
 
-import fdg_audit.harness as A
-from fdg_audit import sandbox
-from fdg_audit.harness import run_attacks
+import fdg_audit.audit.harness as A
+import fdg_audit.audit.checks as C
+from fdg_audit.audit import bwrap, sandbox
+from fdg_audit.audit.harness import run_attacks
 from fdg_audit.data import load_data
 from fdg_audit.runner import run_scenario
 from fdg_audit.scenario import load_raw, parse
@@ -66,7 +67,7 @@ def main() -> None:
         os.environ["FDG_AUDIT_SANDBOX"] = "process"
         run_attacks(root, cfgs[:1], quiet=True, isolate=True)   # starts the forkserver (once per process)
         print(f"first isolated attack incl. forkserver start: {time.perf_counter() - t0:.1f}s", flush=True)
-        modes = ["bwrap", "bwrap-cold"] * sandbox.bwrap_works() + ["process", "in-process"]
+        modes = ["bwrap", "bwrap-cold"] * bwrap.bwrap_works() + ["process", "in-process"]
         warm = sandbox._run_warm
         cold = lambda spec, paths, ledger, envs, aux, cache, timeout: sandbox._run_once(  # noqa: E731
             spec, paths, ledger, envs, aux, cache, timeout, True)
@@ -76,7 +77,7 @@ def main() -> None:
         def counted(*args, **kw):
             launches.append(1)
             return start(*args, **kw)
-        sandbox.run_isolated = A.run_isolated = counted
+        sandbox.run_isolated = A.run_isolated = C.run_isolated = counted
         for _ in range(a.repeats):
             for m in modes:
                 os.environ["FDG_AUDIT_SANDBOX"] = m.split("-")[0] if m != "in-process" else "process"

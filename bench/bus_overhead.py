@@ -11,10 +11,10 @@ import statistics
 import tempfile
 import time
 
-import fdg_audit.federation as fed
+import fdg_audit.train.federation as fed
 from fdg_audit.bus import Payload
 from fdg_audit.data import DataConfig, load_data
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from methods.fedavg import Params
 

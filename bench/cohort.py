@@ -5,7 +5,7 @@ cnn_small, batch 32, SGD with momentum and weight decay).
 
 Clients come from Rotated Fashion-MNIST (2000 images per domain split into clients; the embedded digits when
 Fashion-MNIST is not installed). Per K the loop (``Client.fit`` one client after another) and the cohort
-(``fdg_audit.cohort.fit_cohort``) run interleaved on fresh copies of the same clients; the ratio loop/vmap is the
+(``fdg_audit.train.cohort.fit_cohort``) run interleaved on fresh copies of the same clients; the ratio loop/vmap is the
 median of the per-repetition ratios with its min-max spread (> 1: the cohort is faster). Before timing, the two
 are checked to give the same weights (float32, max abs difference printed).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fdg_audit.cohort import fit_cohort
+from fdg_audit.train.cohort import fit_cohort
 from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, Domain, Split, load_data
 from fdg_audit.models import ModelConfig
 from fdg_audit.params import resolve_device

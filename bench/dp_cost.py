@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from fdg_audit.data import DataConfig, load_data
-from fdg_audit.federation import RunSpec, run_federation
-from fdg_audit.ledger import Ledger
+from fdg_audit.train.federation import RunSpec, run_federation
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from fdg_audit.plugins import load_method
 from fdg_audit.privacy import check_run, privacy_config

@@ -22,9 +22,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-import fdg_audit.federation as fed
+import fdg_audit.train.federation as fed
 from fdg_audit.data import DataConfig, load_data
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig, build_model
 from methods.fedavg import Params
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import fdg_audit.federation as fed
+import fdg_audit.train.federation as fed
 from fdg_audit.data import FASHION_MNIST_ROOT, DataConfig, load_data
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from methods.fedavg import Params
 

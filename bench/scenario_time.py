@@ -23,10 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import fdg_audit.harness as A         # noqa: E402
-import fdg_audit.federation as F      # noqa: E402
+import fdg_audit.audit.harness as A         # noqa: E402
+import fdg_audit.train.federation as F      # noqa: E402
 import fdg_audit.report as R          # noqa: E402
 import fdg_audit.runner as RUN        # noqa: E402
+import fdg_audit.train.runs as TR      # noqa: E402
 
 WALL, CPU = defaultdict(float), defaultdict(float)
 
@@ -57,14 +58,13 @@ def main() -> None:
     sets = list(a.sets) + ([f"threads={a.threads}"] if a.threads else [])
 
     F.accuracy = timed("evaluation", F.accuracy)
-    fed = RUN.run_federation
-    RUN.run_federation = lambda spec, *a, **k: timed(f"training {spec.method}", fed)(spec, *a, **k)
-    # attacks run in worker processes (fdg_audit.sandbox), several at once with parallel > 1: time each attack's
+    fed = TR.run_federation
+    TR.run_federation = lambda spec, *a, **k: timed(f"training {spec.method}", fed)(spec, *a, **k)
+    # attacks run in worker processes (fdg_audit.audit.sandbox), several at once with parallel > 1: time each attack's
     # whole phase (controls, runs, scoring of its outputs), per label
     one = A.attack_runs
     A.attack_runs = lambda env, label, *a, **k: timed(f"attack {label}", one)(env, label, *a, **k)
-    R.write_report = timed("report", R.write_report)
-    import fdg_audit.report  # noqa: F401  (runner imports write_report from here at call time)
+    RUN.write_report = timed("report", R.write_report)
     # parallel runs train in worker processes: time the whole run loop (training and evaluation) from the start
     # to the first attack (or the report), with the workers' CPU once they are reaped
     mark = {}
@@ -74,7 +74,7 @@ def main() -> None:
         mark.setdefault("w", time.perf_counter())
         mark.setdefault("c", cpu())
         return run_attacks(*args, **kw)
-    A.run_attacks = first
+    RUN.run_attacks = first
 
     w0, c0 = time.perf_counter(), cpu()
     root = RUN.run_scenario(a.scenario, sets, out=a.out, quiet=True)

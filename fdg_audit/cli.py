@@ -64,6 +64,24 @@ def _fold(argv: list[str], flag: str) -> list[str]:
     return rest + [flag] + values
 
 
+def describe() -> str:
+    """A table of every registered method and attack and where it comes from (``plugins``)."""
+    from .attack import load_attack
+    from .plugins import GROUPS, available, load_method, origin
+    lines = []
+    for kind in ("method", "attack"):
+        lines.append(f"{kind}s ({GROUPS[kind]}):")
+        for name, path in sorted(available(kind).items()):
+            try:
+                obj = load_method(name) if kind == "method" else load_attack(name)
+                extra = (f"sends {', '.join(obj.kinds)}" if kind == "method" else
+                         f"{obj.adversary} reads {', '.join(obj.consumes)}")
+            except UserError as e:
+                extra = f"BROKEN: {e}"
+            lines.append(f"  {name:<26} {path:<36} [{origin(kind, name)}] {extra}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -83,14 +101,13 @@ def main(argv=None) -> int:
                       f"python -m fdg_audit scenario {a.file}")
         elif cmd == "attack":
             a = ArgumentParser(AttackArgs, prog="fdg_audit attack").parse_args(rest)
-            from .harness import run_attacks_cli
+            from .runner import run_attacks_cli
             print(run_attacks_cli(a.run_dir, a.attacks, a.quiet, a.trust_plugins, not a.in_process))
         elif cmd == "report":
             a = ArgumentParser(ReportArgs, prog="fdg_audit report").parse_args(rest)
             from .report import write_report
             print(f"report: {write_report(a.run_dirs, a.out or a.run_dirs[0])}")
         elif cmd == "plugins":
-            from .plugins import describe
             print(describe())
         else:
             print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)

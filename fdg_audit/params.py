@@ -64,8 +64,8 @@ class TrainParams:
     optimizer: str = "sgd"        # sgd | adam
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    participation: float = 1.0    # fraction of clients asked each training round (seeded sample; fdg_audit.federation)
-    cohort: str = "loop"          # loop | vmap (clients trained as one stacked model, fdg_audit.cohort) | auto (vmap on CUDA)
+    participation: float = 1.0    # fraction of clients asked each training round (seeded sample; fdg_audit.train.federation)
+    cohort: str = "loop"          # loop | vmap (clients trained as one stacked model, fdg_audit.train.cohort) | auto (vmap on CUDA)
     eval_every: int = 1           # the harness evaluates the global model every k rounds (and after the last)
 
 

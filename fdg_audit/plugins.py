@@ -117,28 +117,3 @@ def load_method(name: str):
     if missing:
         raise UserError(f"method plugin {name!r} lacks {', '.join(missing)}: see MethodPlugin's docstring")
     return m
-
-
-def load_attack(name: str):
-    from .api.attack import Attack    # here, not above: fdg_audit.api re-exports this module's loaders
-    a = load("attack", name)
-    if not (isinstance(a, type) and issubclass(a, Attack)):
-        raise UserError(f"{name!r} is not an attack plugin: subclass fdg_audit.api.attack.Attack (see "
-                        "attacks/README.md)")
-    return a
-
-
-def describe() -> str:
-    """A table of every registered method and attack and where it comes from."""
-    lines = []
-    for kind in ("method", "attack"):
-        lines.append(f"{kind}s ({GROUPS[kind]}):")
-        for name, path in sorted(available(kind).items()):
-            try:
-                obj = load_method(name) if kind == "method" else load_attack(name)
-                extra = (f"sends {', '.join(obj.kinds)}" if kind == "method" else
-                         f"{obj.adversary} reads {', '.join(obj.consumes)}")
-            except UserError as e:
-                extra = f"BROKEN: {e}"
-            lines.append(f"  {name:<26} {path:<36} [{origin(kind, name)}] {extra}")
-    return "\n".join(lines)

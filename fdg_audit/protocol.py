@@ -1,6 +1,6 @@
 """The method contract: ``MethodPlugin`` (what a method plugin class declares) and the parties it defines
 (``Party``, ``Client``, ``Server``), with the helpers every method uses. Plugins import these from
-``fdg_audit.api.method``; the engines (fdg_audit.engines) and the round loop (fdg_audit.federation) drive them.
+``fdg_audit.api.method``; the engines (fdg_audit.train.engines) and the round loop (fdg_audit.train.federation) drive them.
 
 Server and clients never hold references to each other: every exchange goes through the bus, and in the
 ``process`` and ``ray`` engines clients live in workers and see only the encoded bytes they are sent.
@@ -25,6 +25,8 @@ from .bus import Payload
 from .data import Domain, Split
 from .models import ModelConfig, build_model
 from .params import TrainParams, make_optimizer
+from .privacy import prepare_client
+from .privacy.dpsgd import dp_fit
 
 
 def default_build(party) -> torch.nn.Module:
@@ -170,7 +172,6 @@ class Client(Party):
         self.events: list[dict] = []          # accounting events of local mechanisms (DP-SGD), sent with the next reply
         super().__init__(ctx)
         if self.privacy is not None:
-            from .privacy import prepare_client
             prepare_client(self)
         self.setup()
 
@@ -216,7 +217,7 @@ class Client(Party):
             yield split.x[j], split.y[j]
 
     # A client whose ``on_<vmap_phase>`` is "load the message, fit(self.model) with plain SGD/Adam, reply" may be
-    # trained in a cohort (fdg_audit.cohort): the engine calls vmap_begin(msg) on each, trains every
+    # trained in a cohort (fdg_audit.train.cohort): the engine calls vmap_begin(msg) on each, trains every
     # client's ``model`` together, then vmap_end() on each. ``vmap_ok()`` says whether this instance qualifies.
     vmap_phase: str | None = None
 
@@ -227,7 +228,6 @@ class Client(Party):
         """Local training: ``loss_fn(model, x, y) -> loss`` (default cross-entropy) over ``batches(**kw)``.
         With ``[privacy] dp_sgd`` it is DP-SGD (fdg_audit.privacy.dpsgd) with Poisson batches instead."""
         if self.privacy is not None and self.privacy.dp_sgd:
-            from .privacy.dpsgd import dp_fit
             return dp_fit(self, model, loss_fn, opt, **kw)
         loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
         opt = opt or make_optimizer(self.params, model.parameters())

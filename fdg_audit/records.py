@@ -2,7 +2,7 @@
 
 A method (``Client.record_truth(name, **arrays)``) or the privacy layer writes a record under one of these names
 (truth/<run>/<client>/<name>.npz; attacks never see it), and an attack's output names the record its rows refer to
-(``Reconstruction.truth``, ``Predictions.truth``, ``Audit.truth``) for the scorer (fdg_audit.scoring) to join.
+(``Reconstruction.truth``, ``Predictions.truth``, ``Audit.truth``) for the scorer (fdg_audit.audit.scoring) to join.
 Plugins import the names as ``from fdg_audit.api import records``. A name with ``{...}`` is a template:
 ``records.FEATURES.format(round=3)``.
 """

@@ -17,14 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .api.attack import AttackParams
+from .attack import AttackParams
+from .audit.worker import check_limits
 from .data import DataConfig, load_data
 from .errors import UserError
-from .federation import cohort_on
+from .train.federation import check_participation, cohort_on
 from .params import MAX_ROUNDS, TrainParams, _names, resolve_device, safe_name, typed  # noqa: F401  (typed re-exported)
-from .models import ModelConfig
-from .plugins import load_method
+from .models import ARCHS, NORMS, ModelConfig
+from .plugins import available, load_method
 from .privacy import check_run, privacy_config
+from .train.ray_engine import ray_options
+import secrets
 
 
 @dataclass
@@ -121,15 +124,6 @@ def apply_set(raw: dict, assignment: str) -> None:
     node[parts[-1]] = parse_value(text.strip())
 
 
-def check_limits(timeout, memory_gb, where: str = "scenario") -> tuple[float, float]:
-    """``attack_timeout`` (seconds) and ``attack_memory_gb``: positive finite numbers, or a one-line error."""
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")  # noqa: E731
-    if not num(timeout) or not num(memory_gb) or memory_gb < 0.25:
-        raise UserError(f"{where}: attack_timeout = {timeout!r}, attack_memory_gb = {memory_gb!r}: give seconds > 0 "
-                        "and gigabytes >= 0.25 (defaults 3600 and 8)")
-    return float(timeout), float(memory_gb)
-
-
 def _entries(cls, items, where: str) -> list:
     out = []
     for i, t in enumerate(items):
@@ -213,7 +207,6 @@ def parse(raw: dict) -> Scenario:
         raise UserError(f"store_rounds = {sc.store_rounds!r} names rounds beyond the last ({rounds}): list rounds "
                         f"from 0 to {rounds}")
     check_limits(sc.attack_timeout, sc.attack_memory_gb)
-    from .models import ARCHS, NORMS
     if sc.model.arch not in ARCHS or sc.model.norm not in NORMS:
         raise UserError(f"model.arch = {sc.model.arch!r}, model.norm = {sc.model.norm!r}: use an arch of "
                         f"{', '.join(ARCHS)} and a norm of {', '.join(NORMS)}")
@@ -229,7 +222,6 @@ def parse(raw: dict) -> Scenario:
 
 def check_engine(sc: Scenario) -> None:
     """``workers``, ``worker_threads`` and the ``[ray]`` table: one-line errors before anything runs."""
-    from .ray_engine import ray_options
     if sc.workers < 0:
         raise UserError(f"workers = {sc.workers}: use 0 (one worker per CPU) or a positive number of workers")
     if sc.worker_threads < 1:
@@ -265,8 +257,7 @@ SHARED_ATTACK_KEYS = tuple(f.name for f in dataclasses.fields(AttackParams))   #
 def expand_attacks(entries: list) -> list:
     """An entry named "all" stands for every registered attack not listed by its own entry; its keys (from
     ``SHARED_ATTACK_KEYS``, plus ``exclude = [names]``) apply to each. Which of them run on a run follows from
-    their ``consumes`` and the run's ledger (``fdg_audit.harness.applicable``)."""
-    from .plugins import available
+    their ``consumes`` and the run's ledger (``fdg_audit.audit.harness.applicable``)."""
     out, named = [], {e.name for e in entries} | {e.label for e in entries}
     for e in entries:
         if e.name != "all":
@@ -304,7 +295,6 @@ def method_params(method, entry: MethodEntry, train: dict):
                         "set local_epochs >= 1, or local_steps >= 1 (steps replace epochs)")
     if p.lr <= 0:
         raise UserError(f"{where}.lr = {p.lr!r}: use a learning rate > 0")
-    from .federation import check_participation
     check_participation(method, p.participation, f"{where}.participation")
     return p
 
@@ -374,7 +364,6 @@ def with_secrets(raw: dict, secrets: dict) -> dict:
 
 def new_secrets(raw: dict) -> dict:
     """A fresh 64-bit split seed for each dataset that sets no ``split_seed``."""
-    import secrets
     return {str(i): secrets.randbits(64) for i, d in enumerate(raw.get("datasets", [])) if "split_seed" not in d}
 
 

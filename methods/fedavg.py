@@ -5,7 +5,7 @@ Each round the server broadcasts the full global state (parameters and buffers),
 locally and uploads its full state, and the server averages every key with p_k = n_k / sum n.
 With ``participation < 1`` only the round's sample is asked and p_k is renormalised over it (McMahan et al.'s
 client fraction C). Local training is plain SGD/Adam, so a cohort of clients may be trained as one stacked
-model (``cohort = "vmap"``, fdg_audit.cohort) when no subclass changes it and there is no DP-SGD.
+model (``cohort = "vmap"``, fdg_audit.train.cohort) when no subclass changes it and there is no DP-SGD.
 """
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ from attacks.amplitude import (
 )
 from fdg_audit import metrics as M
 from fdg_audit.api.attack import AdversaryView
-from fdg_audit.harness import load_runs, run_attacks
-from fdg_audit.scoring import Truth
+from fdg_audit.audit.harness import load_runs, run_attacks
+from fdg_audit.audit.scoring import Truth
 from fdg_audit.errors import UserError
 from fdg_audit.api.method import MethodPlugin, Reply
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.runner import run_scenario
 from methods.fedavg import FedAvgClient, FedAvgServer
 from methods.fedavg import Params as FedAvgParams

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from fdg_audit.api.attack import AdversaryView, Attack, Aux, Control, Scores, Skipped
-from fdg_audit.harness import load_runs, run_attacks
-from fdg_audit.scoring import Truth
+from fdg_audit.audit.harness import load_runs, run_attacks
+from fdg_audit.audit.scoring import Truth
 from fdg_audit.cli import main
 from fdg_audit.data import DomainSet
 from fdg_audit.errors import UserError
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.runner import run_scenario
 
 SEEN = []   # (view, aux) of every Spy.run call in this process

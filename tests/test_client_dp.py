@@ -8,7 +8,7 @@ import torch
 
 from conftest import leakage_rows
 from fdg_audit.errors import UserError
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.plugins import load_method
 from fdg_audit.privacy import epsilon, new_accountant
 from fdg_audit.privacy.client_dp import UPDATE_KINDS, calibrate, noise
@@ -384,7 +384,7 @@ def test_csac_dp_fusion_under_central_dp_carries_at_least_the_configured_multipl
     sigma_u = (0.7 ** -2 - 3 ** -2) ** -0.5
     assert upd and all(u.std().item() == pytest.approx(sigma_u * 2 * 0.05 / math.sqrt(10), rel=0.1) for u in upd)
     # attacks read the uploads as model states: the update statistics are not in their payloads
-    from fdg_audit.harness import run_attacks
+    from fdg_audit.audit.harness import run_attacks
     run_attacks(root, [{"name": "mia_loss"}], quiet=True)
     got = leakage_rows(root, attack="mia_loss")
     assert got and not [r for r in got if str(r.get("status", "ok")).startswith("failed")]

@@ -10,10 +10,11 @@ from fdg_audit.api.attack import ADVERSARIES, AUX, Attack
 from fdg_audit.api.method import MethodPlugin, TrainParams
 from fdg_audit.bus import ARTIFACT_KINDS
 from fdg_audit.data import DataConfig, load_data
-from fdg_audit.federation import RunSpec, run_federation
-from fdg_audit.ledger import MemoryLedger
+from fdg_audit.train.federation import RunSpec, run_federation
+from fdg_audit.store.ledger import MemoryLedger
 from fdg_audit.models import ModelConfig
-from fdg_audit.plugins import load_attack, load_method
+from fdg_audit.attack import load_attack
+from fdg_audit.plugins import load_method
 
 METHODS = sorted(ep.name for ep in entry_points(group="fdg_audit.methods"))
 ATTACKS = sorted(ep.name for ep in entry_points(group="fdg_audit.attacks"))

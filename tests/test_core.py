@@ -11,7 +11,7 @@ import torch
 from fdg_audit.api.method import MethodPlugin
 from fdg_audit.bus import Bus, decode, encode
 from fdg_audit.errors import UserError
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig, build_model
 from fdg_audit.runner import plan
 from fdg_audit.scenario import load_raw

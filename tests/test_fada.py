@@ -12,8 +12,8 @@ from fdg_audit.api.method import Client, MethodPlugin, Reply, Server, TrainParam
 from fdg_audit.bus import decode
 from fdg_audit.data import DataConfig, Domain, Split, load_data
 from fdg_audit.errors import UserError
-from fdg_audit.federation import RunSpec, run_federation
-from fdg_audit.ledger import Ledger, MemoryLedger
+from fdg_audit.train.federation import RunSpec, run_federation
+from fdg_audit.store.ledger import Ledger, MemoryLedger
 from fdg_audit.models import ModelConfig
 from fdg_audit.report import headline
 from fdg_audit.report import tables as T

@@ -17,9 +17,9 @@ from fdg_audit import metrics as M
 from fdg_audit.api import Split
 from fdg_audit.api.attack import AdversaryView, Aux
 from fdg_audit.api.method import MethodPlugin, Reply, make_optimizer, register_kind
-from fdg_audit.harness import load_runs
-from fdg_audit.ledger import Ledger
-from fdg_audit.scoring import Truth, build_aux
+from fdg_audit.audit.harness import load_runs
+from fdg_audit.store.ledger import Ledger
+from fdg_audit.audit.scoring import Truth, build_aux
 from methods.fedavg import FedAvgClient, FedAvgServer, Params
 
 from conftest import leakage_rows as rows
@@ -162,7 +162,7 @@ def test_membership_finds_the_sent_images(root):
 
 def test_inversion_and_its_baseline_are_scored_the_same_way(root):
     """One reconstruction per sent row, scored against the rows' true images; the baseline is, per row, the better of
-    the mean public image and the flat image (fdg_audit.scoring: the same for every channel), aligned alike."""
+    the mean public image and the flat image (fdg_audit.audit.scoring: the same for every channel), aligned alike."""
     run, data, _ = server_view(root)
     (r,) = rows(root, attack="feature_inversion", metric="psnr")
     assert r["round"] == "2" and r["victim"] in ("rot0", "rot15")

@@ -8,7 +8,7 @@ from fdg_audit.bus import Payload
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.errors import UserError
 from fdg_audit.seeding import run_seq as seed_sequence
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig
 from methods.feddg import FedDGClient, Params, amplitude, central, half_window, mix
 

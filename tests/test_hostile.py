@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from fdg_audit.errors import UserError
-from fdg_audit.harness import run_attacks
-from fdg_audit.sandbox import bwrap_works
+from fdg_audit.audit.harness import run_attacks
+from fdg_audit.audit.bwrap import bwrap_works
 
 from conftest import leakage_rows
 from test_trust import ENV, copy, one_line_error, root  # noqa: F401  (fixtures: a finished run folder and a copy)
@@ -158,7 +158,7 @@ def test_the_attack_cache_is_shared_read_only_and_checked(copy, monkeypatch, san
 
 def test_a_leakage_csv_without_its_columns_is_one_line_before_any_work(copy, capsys, monkeypatch):  # noqa: F811
     (copy / "leakage.csv").write_text("a,b\n1,2\n")
-    import fdg_audit.harness as H
+    import fdg_audit.audit.harness as H
     monkeypatch.setattr(H, "load_runs", lambda root: pytest.fail("work started before the check"))
     one_line_error(capsys, ["attack", str(copy), "--attacks", "dataset_size"], "lacks the column(s) run, attack")
 
@@ -249,7 +249,7 @@ def test_a_warm_sandbox_carries_nothing_from_one_job_to_the_next(copy, monkeypat
     """Under bubblewrap the jobs of an attack share one warm sandbox (its control, then its run here): a file in
     /tmp, /dev/shm or the view folder, a process, a System V segment or a POSIX queue left by the first job is gone
     for the second. The same plugin as plain processes (no sandbox) finds what it left: the probe works."""
-    import fdg_audit.sandbox as sb
+    import fdg_audit.audit.sandbox as sb
     started = []
     init = sb.WarmSandbox.__init__
     monkeypatch.setattr(sb.WarmSandbox, "__init__", lambda self, *a: started.append(1) or init(self, *a))

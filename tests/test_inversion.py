@@ -12,11 +12,11 @@ from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, clip
                                recover_labels, schedule, simulate)
 from attacks.labels import round_to_total
 from fdg_audit.api.attack import AdversaryView, Aux, Reconstruction
-from fdg_audit.harness import load_runs
+from fdg_audit.audit.harness import load_runs
 from fdg_audit.bus import Payload
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.api.method import TrainParams, make_optimizer, state_arrays
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig, build_model
 from methods.fedavg import FedAvgClient, Params as FedAvgParams
 

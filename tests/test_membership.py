@@ -141,7 +141,7 @@ def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
 def test_candidates_of_small_clients_pair_members_with_domain_non_members():
     """With many clients per domain a client's own val share may hold no image; its non-members then come from
     the domain's held-back val half, which no client trained on, and every client still gets a balanced pool."""
-    from fdg_audit.scoring import build_aux
+    from fdg_audit.audit.scoring import build_aux
     from fdg_audit.data import DataConfig, load_data
     data = load_data(DataConfig(dataset="digits", per_domain=60, clients_per_domain=8, domains=["rot0", "rot15", "rot30"]))
     aux, members = build_aux(data, "rot30", ("candidates",), seed=0)
@@ -204,7 +204,7 @@ def test_scorer_baseline_is_the_blind_auc_of_the_candidates():
     import torch
     from fdg_audit.api.attack import Aux, Scores
     from fdg_audit.data import Split
-    from fdg_audit.scoring import score
+    from fdg_audit.audit.scoring import score
     rows = {}
     for shift in (True, False):
         x, y, m = _digits_pool(shift)

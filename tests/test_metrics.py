@@ -244,7 +244,7 @@ def test_registry_covers_every_metric_the_scorer_writes():
     from fdg_audit.errors import UserError
     from fdg_audit.metrics import registry as R
     src = Path(M.__file__).parents[1]
-    names = set(re.findall(r'add\("([^"]+)"', (src / "scoring.py").read_text()))
+    names = set(re.findall(r'add\("([^"]+)"', (src / "audit" / "scoring.py").read_text()))
     names |= set(re.findall(r'row\("([^"]+)"', (src / "privacy" / "audit.py").read_text()))
     names |= {f"tpr@{f:g}fpr" for f in (0.01, 0.001, 0.0)} | {f"{a}_balanced_acc" for a in ("class", "domain")}
     assert len(names) >= 18 and names <= set(R.METRICS)

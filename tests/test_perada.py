@@ -11,13 +11,13 @@ from attacks.membership import LossAttack
 from fdg_audit.api.attack import AdversaryView, federate
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.errors import UserError
-from fdg_audit.federation import RunSpec, pretrain_public, run_federation
-from fdg_audit.ledger import MemoryLedger
+from fdg_audit.train.federation import RunSpec, pretrain_public, run_federation
+from fdg_audit.store.ledger import MemoryLedger
 from fdg_audit.metrics import auc
 from fdg_audit.models import ModelConfig
 from fdg_audit.plugins import load_method
 from fdg_audit.privacy import privacy_config
-from fdg_audit.scoring import build_aux
+from fdg_audit.audit.scoring import build_aux
 from methods.perada import PerAdaServer, shared_keys
 
 CFG = DataConfig(dataset="digits", per_domain=40, domains=["rot0", "rot30", "rot60"], public="rot15")

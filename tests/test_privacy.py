@@ -9,7 +9,7 @@ import torch
 
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.errors import UserError
-from fdg_audit.ledger import Ledger
+from fdg_audit.store.ledger import Ledger
 from fdg_audit.privacy import PRIVACY_FIELDS, ArtifactMechanism, epsilon, new_accountant
 from fdg_audit.privacy.artifacts import GaussianRows, clip_rows
 

@@ -14,7 +14,7 @@ from fdg_audit.report import headline, write_report
 from fdg_audit.report import tables as T
 from fdg_audit.report.formatting import fmt
 from fdg_audit.report.traffic import bytes_summary, bytes_table
-from fdg_audit.runfolder import RunFolder
+from fdg_audit.store.runfolder import RunFolder
 
 LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact", "round",
                "victim", "output", "metric", "value", "baseline", "status"]

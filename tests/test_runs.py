@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fdg_audit.federation import select_round
+from fdg_audit.train.federation import select_round
 
 from conftest import tiny_scenario
 
@@ -66,8 +66,8 @@ def test_a_parallel_run_error_is_one_line_and_stops_the_other_runs(run_toml):
     with pytest.raises(UserError, match="CUDA is not available"):
         run_toml(TWO, "parallel=2", 'device="cuda"')
     assert time.perf_counter() - t < 60
-    from fdg_audit import runner
-    assert not runner._POOL
+    from fdg_audit.train import runs
+    assert not runs._POOL
 
 
 def test_parallel_attacks_write_what_serial_attacks_write(run_toml):

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-import fdg_audit.engines as engines
-import fdg_audit.federation as fed
-from fdg_audit.cohort import fit_cohort
+import fdg_audit.train.engines as engines
+import fdg_audit.train.federation as fed
+from fdg_audit.train.cohort import fit_cohort
 from fdg_audit.data import DataConfig, Domain, Split, load_data
 from fdg_audit.errors import UserError
-from fdg_audit.ledger import MemoryLedger
+from fdg_audit.store.ledger import MemoryLedger
 from fdg_audit.models import ModelConfig
 from fdg_audit.plugins import load_method
 from fdg_audit.seeding import run_seq
@@ -222,13 +222,13 @@ def test_participation_of_other_methods(data):
 
 
 def test_engine_settings_from_the_scenario(run_toml, monkeypatch):
-    import fdg_audit.runner as runner
+    import fdg_audit.train.runs as runs
     seen = []
 
     def fake(spec, *a, **k):
         seen.append(spec)
         raise UserError("stop here")
-    monkeypatch.setattr(runner, "run_federation", fake)
+    monkeypatch.setattr(runs, "run_federation", fake)
     text = """
         engine = "ray"
         workers = 3
@@ -264,7 +264,7 @@ def test_engine_settings_from_the_scenario(run_toml, monkeypatch):
 
 
 def test_ledger_streams_envelopes_to_disk(tmp_path, data):
-    from fdg_audit.ledger import Ledger
+    from fdg_audit.store.ledger import Ledger
     led = Ledger(tmp_path)
     spec = fed.RunSpec("t/fedavg/rot0/s0", "fedavg", Params(rounds=2, lr=0.05, batch_size=8, local_steps=1),
                        DataConfig(dataset="digits", per_domain=90, clients_per_domain=3, client_alpha=0.3), ModelConfig(), "rot0")

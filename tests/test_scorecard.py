@@ -153,8 +153,9 @@ class StyleProbe(Attack):
 
 def test_attacks_all_selects_exactly_the_attacks_whose_consumes_meet_the_ledger(run_toml):
     import json
-    from fdg_audit.harness import selection
-    from fdg_audit.plugins import available, load_attack
+    from fdg_audit.audit.harness import selection
+    from fdg_audit.attack import load_attack
+    from fdg_audit.plugins import available
     from fdg_audit.scenario import load_raw, parse
     root = run_toml("""
         name = "sel"
@@ -221,7 +222,8 @@ def test_attacks_all_string_and_bad_keys():
 
 def test_attack_randomness_is_salted_by_the_run_seed():
     """Runs of different seeds draw independent attack randomness; the same run seed gives the same draws."""
-    from fdg_audit.harness import _make, salted
+    from fdg_audit.audit.checks import _make
+    from fdg_audit.audit.harness import salted
     _, atk, job = _make({"name": "amplitude_phase_retrieval"}, "cpu")
     seeds = {salted(atk, job, s)[0].p.seed for s in (0, 1, 2)}
     assert len(seeds) == 3 and salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[1]["params"]["seed"]
@@ -231,7 +233,7 @@ def test_attack_randomness_is_salted_by_the_run_seed():
 def test_attack_seed_and_target_filters(tmp_path):
     from types import SimpleNamespace
 
-    from fdg_audit.harness import wanted
+    from fdg_audit.audit.harness import wanted
     from fdg_audit.errors import UserError
     from fdg_audit.runner import run_scenario
     atk = SimpleNamespace(p=SimpleNamespace(targets=["rot0"], seeds=[1], datasets=["small"]))
@@ -260,7 +262,7 @@ def _card(tmp_path, per_run, attacks=None, seeds=(0, 1, 2), reference="fedavg", 
 
     from fdg_audit.report import scorecard as SC
     from fdg_audit.report import tables as T
-    from fdg_audit.runfolder import RunFolder
+    from fdg_audit.store.runfolder import RunFolder
     from test_report import LEAK_FIELDS, fabricate, leak_row, write_csv
     root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: 0.5, extra=False, seeds=seeds, reference=reference)
     if prepare:
@@ -415,7 +417,7 @@ def test_reconstruction_cells_state_prior_budget_and_capabilities_and_the_oracle
 def _auc_row(victim, n, shift, rng, output=""):
     """A victim's membership scores: n members N(shift, 1), n non-members N(0, 1); ids salted by the victim as the
     scorer does."""
-    from fdg_audit.scoring import _image_ids
+    from fdg_audit.audit.scoring import _image_ids
     y = np.r_[np.ones(n), np.zeros(n)].astype(int)
     return dict(victim=victim, output=output, metric="auc", base_items=None,
                 items=S.Items("auc", rng.normal(0, 1, 2 * n) + shift * y, y, _image_ids(np.arange(2 * n), victim)))
@@ -540,7 +542,7 @@ def test_attacks_declare_their_threat_model_for_attacks_json():
 
     from fdg_audit.api.attack import AttackParams
     from fdg_audit.errors import UserError
-    from fdg_audit.harness import _threat
+    from fdg_audit.audit.checks import _threat
 
     @dataclass
     class P(AttackParams):
@@ -639,7 +641,7 @@ def _reid_runs(tmp_path, per_run):
     import json
 
     from fdg_audit.report import tables as T
-    from fdg_audit.runfolder import RunFolder
+    from fdg_audit.store.runfolder import RunFolder
     from test_report import LEAK_FIELDS, fabricate, write_csv
     root = fabricate(tmp_path / "r", acc=lambda m, v, t, s: 0.5, extra=False)
     leak = []

@@ -95,7 +95,7 @@ def test_label_distribution_score_does_not_charge_a_size_error_twice():
     """label_dist_acc scores the class proportions: an estimate with the right proportions but twice the
     victim's size keeps label_dist_acc = 1 (the size error is dataset_size's), while label_count_acc drops."""
     from fdg_audit.api.attack import Aux, Estimate
-    from fdg_audit.scoring import Truth, score
+    from fdg_audit.audit.scoring import Truth, score
     data = load_data(DataConfig(dataset="digits", family="appearance", per_domain=100, domains=["grey", "colour"]))
     truth = Truth.__new__(Truth)
     truth.data = data

@@ -93,7 +93,7 @@ def test_prototype_inversion_uses_only_what_the_server_saw(run_toml, monkeypatch
     seen = []
     orig = AdversaryView.messages
     monkeypatch.setattr(AdversaryView, "messages", lambda self, **kw: seen.append(self.me) or orig(self, **kw))
-    from fdg_audit.harness import run_attacks
+    from fdg_audit.audit.harness import run_attacks
     # in-process, so that the patched view records who asked (the worker process enforces the view by itself)
     run_attacks(root, [dict(name="prototype_inversion", steps=5)], quiet=True, isolate=False)
     assert set(seen) == {"server"}

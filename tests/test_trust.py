@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import fdg_audit.runner as runner
+import fdg_audit.train.runs as runs
 from fdg_audit.api.attack import Attack, AttackParams, Skipped, Scores
-from fdg_audit.harness import run_attacks
+from fdg_audit.audit.harness import run_attacks
 from fdg_audit.cli import main
 
 HERE = __name__
@@ -107,9 +108,9 @@ class Probe(Attack):
     aux = ("candidates",)
 
     def run(self, view, aux):
-        from fdg_audit.scoring import Truth
+        from fdg_audit.audit.scoring import Truth
         from fdg_audit.data import DomainSet
-        from fdg_audit.ledger import Ledger
+        from fdg_audit.store.ledger import Ledger
         found = []
         others = [c for c in view.clients if c != view.me]
         found += [f"message {m.sender}->{m.receiver}" for m in view.messages() if view.me not in (m.sender, m.receiver)]
@@ -174,7 +175,7 @@ class FrameWalker(Attack):
 def test_plugin_code_runs_only_in_the_worker(copy, tmp_path):
     """Checking the scenario's attacks (before training) and attacking a folder import and construct the plugin in
     worker processes only: its __init__ never runs in the harness and finds none of the harness's objects."""
-    from fdg_audit.harness import check_attacks
+    from fdg_audit.audit.checks import check_attacks
     marker = tmp_path / "inits.jsonl"
     cfg = {"name": f"{HERE}:FrameWalker", "marker": str(marker)}
     check_attacks([cfg])
@@ -183,7 +184,7 @@ def test_plugin_code_runs_only_in_the_worker(copy, tmp_path):
     assert len(inits) >= 2 and all(i["pid"] != os.getpid() and i["seen"] == [] for i in inits), inits
 
 
-@pytest.mark.skipif(not __import__("fdg_audit.sandbox").sandbox.bwrap_works(), reason="needs bubblewrap")
+@pytest.mark.skipif(not __import__("fdg_audit.audit.bwrap").audit.bwrap.bwrap_works(), reason="needs bubblewrap")
 def test_under_bubblewrap_a_plugin_opens_nothing_outside_its_view(copy, tmp_path, monkeypatch):
     """With bubblewrap (the default where it is installed) the worker's file system holds no run folder, no
     truth/, no other view folder, no /proc/<harness> and no network; the same plugin as a plain process reads them
@@ -345,7 +346,7 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
     f.write_text(public_split(TWO))
     assert main(["scenario", str(f), "--out", str(tmp_path / "a"), "--quiet"]) == 0
     (a,) = (tmp_path / "a" / "fw").iterdir()
-    real, calls = runner.run_federation, []
+    real, calls = runs.run_federation, []
 
     def killed(spec, ledger, data, on_round=None, truth_sink=None):   # Ctrl-C in round 2 of the second run
         calls.append(spec.run_id)
@@ -354,7 +355,7 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
             if len(calls) == 2 and row["round"] == 2:
                 raise KeyboardInterrupt
         return real(spec, ledger, data, on_round=tick, truth_sink=truth_sink)
-    monkeypatch.setattr(runner, "run_federation", killed)
+    monkeypatch.setattr(runs, "run_federation", killed)
     err = one_line_error(capsys, ["scenario", str(f), "--out", str(tmp_path / "b"), "--quiet"],
                          "interrupted during run 2/2 (rotated/fedavg/rot30/s0): 1 of 2 runs finished in")
     (b,) = (tmp_path / "b" / "fw").iterdir()
@@ -365,7 +366,7 @@ def test_interrupted_scenario_resumes_to_the_same_records(tmp_path, capsys, monk
     assert main(["report", str(b)]) == 0
     md = (b / "report.md").read_text()
     assert "2 runs planned, 1 finished, 0 failed, 1 missing" in md and "missing: `rotated/fedavg/rot30/s0`" in md
-    monkeypatch.setattr(runner, "run_federation", real)
+    monkeypatch.setattr(runs, "run_federation", real)
     capsys.readouterr()
     assert main(["scenario", str(f), "--resume", str(b), "--quiet"]) == 0
     for name in ("metrics.csv", "messages.jsonl"):
@@ -411,11 +412,11 @@ class Probe(Attack):
 '''
 
 
-@pytest.mark.skipif(not __import__("fdg_audit.sandbox").sandbox.bwrap_works(), reason="needs bubblewrap")
+@pytest.mark.skipif(not __import__("fdg_audit.audit.bwrap").audit.bwrap.bwrap_works(), reason="needs bubblewrap")
 def test_a_plugin_under_tmp_loads_in_the_bubblewrap_worker(tmp_path, monkeypatch):
     """The sandbox's own /tmp is mounted before the plugin's read-only source, so a plugin kept under /tmp (here
     pytest's tmp_path) stays visible to its worker."""
-    from fdg_audit.harness import check_attacks
+    from fdg_audit.audit.checks import check_attacks
     assert str(tmp_path.resolve()).startswith("/tmp/")
     (tmp_path / "tmp_plugin_ok.py").write_text(PLUGIN_FILE.format(before=""))
     monkeypatch.syspath_prepend(str(tmp_path))

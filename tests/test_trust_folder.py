@@ -60,7 +60,7 @@ def _npz_with_header(shape, descr="<f8") -> bytes:
 
 def test_npz_bombs_and_pickles_are_one_line_errors(tmp_path):
     from fdg_audit.errors import UserError
-    from fdg_audit.ledger import load_npz
+    from fdg_audit.store.ledger import load_npz
     huge = tmp_path / "huge.npz"
     huge.write_bytes(_npz_with_header((10 ** 12,)))                  # declares 8 TB
     with pytest.raises(UserError, match="declares"):
@@ -88,7 +88,7 @@ def test_report_never_imports_a_module_that_a_folder_names(copy, tmp_path, monke
     import runpy  # noqa: F401
     import sys
 
-    from fdg_audit.runfolder import RunFolder
+    from fdg_audit.store.runfolder import RunFolder
     from fdg_audit.metrics.stats import Items
     from fdg_audit.report import write_report
     marker = tmp_path / "imported"
@@ -156,7 +156,7 @@ def test_the_worker_sees_no_harness_environment_argv_or_cwd(copy, monkeypatch): 
     import csv
     import sys
 
-    from fdg_audit.harness import run_attacks
+    from fdg_audit.audit.harness import run_attacks
     monkeypatch.setenv("FDG_HARNESS_SECRET", "s3cret")
     monkeypatch.setattr(sys, "argv", ["fdg-audit", "attack", str(copy)])
     run_attacks(copy, [{"name": f"{__name__}:EnvProbe"}], quiet=True)
@@ -206,7 +206,7 @@ def test_truth_cannot_be_recomputed_in_the_worker(tmp_path):
     config): the rebuilt split says nothing about membership (AUC at chance, not the 1.0 of a public split)."""
     import csv
 
-    from fdg_audit.harness import run_attacks
+    from fdg_audit.audit.harness import run_attacks
     from fdg_audit.runner import run_scenario
     from test_attack_framework import SCENARIO
     aucs = {}

@@ -1,4 +1,4 @@
-"""One yardstick for every reconstruction (fdg_audit.scoring.score_reconstruction): re-identification's calibration,
+"""One yardstick for every reconstruction (fdg_audit.audit.scoring.score_reconstruction): re-identification's calibration,
 the same number for the same image pair whatever produced it, and seeds that draw their own data."""
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from fdg_audit import metrics as M
 from fdg_audit.api.attack import Aux, Reconstruction
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.scenario import load_raw, plan
-from fdg_audit.scoring import N_DISTRACTORS, Truth, score_reconstruction
+from fdg_audit.audit.scoring import N_DISTRACTORS, Truth, score_reconstruction
 
 
 @pytest.fixture(scope="module")

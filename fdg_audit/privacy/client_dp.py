@@ -99,7 +99,7 @@ import torch
 from .. import seeding
 from ..bus import Mod
 from ..errors import UserError
-from ..params import asked
+from ..params import asked, typed
 from .accounting import epsilon, new_accountant
 from .artifacts import noise_generator
 
@@ -141,7 +141,6 @@ def check(c: ClientDP, where: str) -> ClientDP:
     if not isinstance(c.kinds, list) or not c.kinds:
         raise UserError(f"{where}.kinds must be a non-empty list of artifact kinds, e.g. [\"weights\"]")
     if c.adaptive:
-        from ..params import typed
         a = c.adaptive = typed(Adaptive, c.adaptive, f"{where}.adaptive")
         if not 0 < a.target_quantile < 1 or a.lr < 0 or a.bit_noise < 0:
             raise UserError(f"{where}.adaptive: need 0 < target_quantile < 1, lr >= 0 and bit_noise >= 0, got "
@@ -221,6 +220,26 @@ def canary_coins(run: str, client: str, m: int, seed: int) -> np.ndarray:
     """Which of the m update canaries join this client's releases (each with probability 1/2; never reported to
     attacks, only to the scorer's truth record)."""
     return seeding.rng(run, client, seed, CANARY_SALT, 1).random(m) < 0.5
+
+
+def _deltas(kind: str, arrays: dict, stats: dict, sender: str, received: dict, out: dict) -> tuple[dict, dict]:
+    """(deltas, references) of an update's float arrays (float64): each against what the sender last received of it
+    (``_reference``; zero if never); a non-float array is replaced in ``out`` by what it received."""
+    deltas, refs = {}, {}
+    for name, v in arrays.items():
+        if name in stats:
+            continue
+        v = torch.as_tensor(v)
+        ref = _reference(name, sender, received)
+        if not v.is_floating_point():
+            if ref is None:
+                raise UserError(f"privacy.client: {kind} array {name!r} is not float and was never received, so "
+                                "it cannot be privatized: drop the kind from privacy.client.kinds")
+            out[name] = ref.to(v.device, v.dtype).clone()
+            continue
+        ref = torch.zeros_like(v, dtype=torch.float64) if ref is None else ref.to(v.device, torch.float64)
+        refs[name], deltas[name] = ref, v.double() - ref
+    return deltas, refs
 
 
 def _reference(name: str, sender: str, received: dict):
@@ -318,20 +337,8 @@ class ClientDPFilter(Mod):
         central = math.sqrt(c.clients) / c.share if c.mode == "central" and c.clients else 1.0
         sigma = split_noise(c.noise_multiplier, 2 * a.bit_noise if a else math.inf, c.stat_noise or math.inf)
         stats = {k: v for k, v in arrays.items() if k.startswith("stat/")}
-        out, deltas, refs = dict(arrays), {}, {}
-        for name, v in arrays.items():
-            if name in stats:
-                continue
-            v = torch.as_tensor(v)
-            ref = _reference(name, sender, received)
-            if not v.is_floating_point():
-                if ref is None:
-                    raise UserError(f"privacy.client: {kind} array {name!r} is not float and was never received, so "
-                                    "it cannot be privatized: drop the kind from privacy.client.kinds")
-                out[name] = ref.to(v.device, v.dtype).clone()
-                continue
-            ref = torch.zeros_like(v, dtype=torch.float64) if ref is None else ref.to(v.device, torch.float64)
-            refs[name], deltas[name] = ref, v.double() - ref
+        out = dict(arrays)
+        deltas, refs = _deltas(kind, arrays, stats, sender, received, out)
         audited, bit = 0, None
         if deltas:
             norm = torch.sqrt(sum(d.pow(2).sum() for d in deltas.values()))

@@ -43,6 +43,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from .. import records, seeding
 from ..errors import UserError
 from .accounting import epsilon
+from ..params import make_optimizer
+from .canaries import CANARY_STREAM
 
 
 @dataclass(frozen=True)
@@ -129,12 +131,7 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
         client.dp_state = DPState(cfg.accountant, n)
     st = client.dp_state
     if cfg.audit.gradient_canaries and st.canaries is None and (not cfg.audit.clients or client.id in cfg.audit.clients):
-        from .canaries import CANARY_STREAM
-        m = cfg.audit.gradient_canaries
-        coins = client.stream(CANARY_STREAM, 1)
-        st.canaries = (gradient_canary_coordinates(m, sum(q.numel() for q in model.parameters() if q.requires_grad),
-                                                   cfg.audit.seed), coins.random(m) < 0.5)
-        client.record_truth(records.GRADIENT_CANARIES, member=st.canaries[1])
+        _draw_canaries(client, model, st)
     per_example = loss_fn.grad_sample if isinstance(loss_fn, PerSample) else None
     loss_fn = loss_fn or (lambda m, x, y: F.cross_entropy(m(x), y))
     opt = opt or _optimizer(p, model)
@@ -165,16 +162,7 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
                     if done == total:
                         break
                     dp_opt.zero_grad(set_to_none=True)
-                    if idx and per_example is not None:
-                        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
-                        for q, g in zip(trainable, per_example(model, train.x[j], train.y[j])):
-                            q.grad_sample = g
-                    elif idx:
-                        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
-                        loss_fn(model, train.x[j], train.y[j]).backward()
-                    else:   # an empty Poisson batch: no example, still a noised, accounted step
-                        for q in trainable:
-                            q.grad_sample = torch.zeros((0, *q.shape), device=q.device, dtype=q.dtype)
+                    _grad_samples(model, trainable, train, idx, per_example, loss_fn)
                     if st.canaries is not None:
                         add_gradient_canaries(trainable, st, sampler.sample_rate, cfg.max_grad_norm, client.gen)
                     dp_opt.step()
@@ -193,6 +181,30 @@ def dp_fit(client, model: nn.Module, loss_fn=None, opt=None, epochs: int | None 
     return model
 
 
+def _draw_canaries(client, model: nn.Module, st) -> None:
+    """The client's DP-SGD Dirac canaries, drawn once: their gradient coordinates and which are inserted (recorded
+    as truth)."""
+    m = client.privacy.audit.gradient_canaries
+    coins = client.stream(CANARY_STREAM, 1)
+    st.canaries = (gradient_canary_coordinates(m, sum(q.numel() for q in model.parameters() if q.requires_grad),
+                                               client.privacy.audit.seed), coins.random(m) < 0.5)
+    client.record_truth(records.GRADIENT_CANARIES, member=st.canaries[1])
+
+
+def _grad_samples(model: nn.Module, trainable: list, train, idx, per_example, loss_fn) -> None:
+    """The per-example gradients of batch ``idx`` (rows of ``train``): the loss's own (``PerSample``), else through
+    Opacus' hooks; an empty Poisson batch has none and is still a noised, accounted step."""
+    if idx and per_example is not None:
+        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
+        for q, g in zip(trainable, per_example(model, train.x[j], train.y[j])):
+            q.grad_sample = g
+    elif idx:
+        j = torch.as_tensor(idx, dtype=torch.long, device=train.x.device)
+        loss_fn(model, train.x[j], train.y[j]).backward()
+    else:
+        for q in trainable:
+            q.grad_sample = torch.zeros((0, *q.shape), device=q.device, dtype=q.dtype)
+
+
 def _optimizer(p, model):
-    from ..params import make_optimizer
     return make_optimizer(p, model.parameters())

@@ -15,7 +15,7 @@ import io
 import math
 from pathlib import Path
 
-from ..ledger import atomic_write
+from ..store.ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
 from . import compare as CMP
 from . import curves as CV
@@ -314,7 +314,7 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     """Aggregate run folders into ``out/report.md`` (page one, then details under headings) and ``out/report.html``
     (the same, one self-contained file) with figures in ``out/plots/``, scorecard.csv and comparisons.csv; returns
     report.md."""
-    from ..ledger import status_lines
+    from ..store.ledger import status_lines
     out = Path(out)
     plots = out / "plots"
     runs_md = status_lines(run_dirs)   # checks each folder first: damage is one line, not a traceback

@@ -16,7 +16,7 @@ import html
 import re
 from pathlib import Path
 
-from ..ledger import atomic_write
+from ..store.ledger import atomic_write
 
 _INLINE = re.compile(r"\\(.)|\*\*(.+?)\*\*|`([^`]*)`|\[([^\]\\]+)\]\((#[-\w]+)\)")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\((plots/[^)\s]+)\)")

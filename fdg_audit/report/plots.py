@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from .. import metrics as M
 from ..metrics.registry import info
-from ..runfolder import victim_tag
+from ..store.runfolder import victim_tag
 from . import tables as T
 from .curves import domain_of
 from .formatting import ARROW, human_bytes, slug

@@ -66,8 +66,8 @@ import numpy as np
 from .. import seeding
 from ..metrics import stats as S
 from ..metrics.registry import HARMS, harm_of, info
-from ..api.attack import ORACLE
-from ..runfolder import load_items
+from ..attack import ORACLE
+from ..store.runfolder import load_items
 from . import cells as C
 from . import tables as T
 from . import threat as TH

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..ledger import Ledger
+from ..store.ledger import Ledger
 from ..metrics.registry import stronger
-from ..runfolder import RunFolder
+from ..store.runfolder import RunFolder
 from .formatting import clean, num
 
 LABEL_CHARS = 120

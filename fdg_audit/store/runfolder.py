@@ -3,7 +3,7 @@
     config.resolved.toml   the scenario as run (without secret split seeds)
     manifest.json          versions, commit, runs planned
     summary.json           {"scenario", "reference", "bytes", "runs": [RunInfo as a dict]}
-    messages.jsonl         the hash-chained ledger (fdg_audit.ledger); payloads/ its bytes
+    messages.jsonl         the hash-chained ledger (fdg_audit.store.ledger); payloads/ its bytes
     metrics.csv            per-round history of every run
     privacy.csv            spent ε per party and mechanism (DP runs)
     truth/                 ground truth the attacks never see: secrets.json, <run>/<client>/<record>.npz
@@ -29,8 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from ..errors import UserError
 from .ledger import atomic_write, load_npz, read_json, read_secrets, read_summary
+from ..data import DataConfig
+from ..metrics.stats import Items
+import tomllib
 
 LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact",
                "round", "victim", "output", "metric", "value", "baseline", "status", "alignment", "baseline_kind",
@@ -127,7 +130,6 @@ class RunFolder:
     def data_config(self, info: RunInfo):
         """The run's DataConfig, with its secret split seed from truth/ (one-line error for an old or damaged
         folder)."""
-        from .data import DataConfig
         if not info.data:
             raise UserError(f"{self.root}: run {info.run} has no data record in summary.json (a folder written by "
                             "an older fdg_audit): re-run the scenario")
@@ -269,7 +271,6 @@ class RunFolder:
 
     def reference_values(self) -> dict:
         """The [reference] table of config.resolved.toml (published numbers; validated when planned)."""
-        import tomllib
         try:
             ref = tomllib.loads((self / "config.resolved.toml").read_text()).get("reference", {})
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -304,7 +305,6 @@ def victim_tag(victim: str) -> str:
 
 def load_items(path) -> list[dict]:
     """The rows of one ``items/<attack>/<run>.npz``: leakage keys plus ``items`` and ``base`` (Items or None)."""
-    from .metrics.stats import Items
     out, z = [], load_npz(Path(path))
     try:
         meta = json.loads(str(z["meta"]))

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from .errors import UserError
-from .params import typed
+from ..errors import UserError
+from ..params import typed
 
 
 @dataclass

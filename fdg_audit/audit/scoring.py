@@ -16,13 +16,13 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from . import metrics as M, records, seeding
-from .api.attack import Audit, Aux, Estimate, Predictions, Reconstruction, Scores
-from .data import Split
-from .errors import UserError
-from .ledger import load_npz
-from .privacy.audit import audit_rows
-from .runfolder import RunFolder
+from .. import metrics as M, records, seeding
+from ..attack import Audit, Aux, Estimate, Predictions, Reconstruction, Scores
+from ..data import Split
+from ..errors import UserError
+from ..store.ledger import load_npz
+from ..privacy.audit import audit_rows
+from ..store.runfolder import RunFolder
 
 
 class Truth:

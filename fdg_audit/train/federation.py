@@ -1,13 +1,13 @@
 """The round loop: one federation (one method, one held-out target, one seed) and its evaluation.
 
 A method is a ``MethodPlugin`` (fdg_audit.protocol): ``Params``, ``Server``, ``Client``. The loop builds the
-parties on an engine (fdg_audit.engines), runs round 0 (``Server.begin``) and rounds 1..R (``Server.step``),
+parties on an engine (fdg_audit.train.engines), runs round 0 (``Server.begin``) and rounds 1..R (``Server.step``),
 and evaluates the global model every ``eval_every`` rounds.
 
 Many clients: ``data.clients_per_domain = N`` splits each source domain into clients "<domain>/<k>"
 (``DomainSet.clients``); ``participation = f`` asks a seeded sample of round(f * K) clients each training round
 (``Server.active``; the ledger's envelopes record who was asked). ``cohort = "vmap"`` trains the clients of one
-worker that support it (``Client.vmap_phase``) as one stacked model (fdg_audit.cohort); ``auto`` only on CUDA.
+worker that support it (``Client.vmap_phase``) as one stacked model (fdg_audit.train.cohort); ``auto`` only on CUDA.
 
 Public data (``data.public``): the server gets the public domain as ``Server.public`` and the ledger records it
 once, in round 0, as a ``public_aux`` envelope from "public" to the server (its size and sha256, no images);
@@ -29,14 +29,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import seeding
-from .bus import Bus, register_kind
-from .data import DataConfig, DomainSet, Split, load_data
+from .. import seeding
+from ..bus import Bus, register_kind
+from ..data import DataConfig, DomainSet, Split, load_data
 from .engines import LocalLink, ProcessLink, RemoteLink, assign, build_host
-from .errors import UserError
-from .models import ModelConfig, build_model
-from .params import asked
-from .protocol import accuracy, unlabeled
+from ..errors import UserError
+from ..models import ModelConfig, build_model
+from ..params import asked
+from ..protocol import accuracy, unlabeled
+from ..plugins import available, load_method
+from ..privacy import build_filters
+from .ray_engine import RayWorkers
 
 def _cat(splits: list[Split]) -> Split:
     return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]),
@@ -121,7 +124,6 @@ def check_participation(method, fraction: float, where: str = "participation") -
     if not 0.0 < fraction <= 1.0:
         raise UserError(f"{where} = {fraction}: use a fraction in (0, 1], e.g. 0.1")
     if fraction < 1.0 and not method.partial_participation:
-        from .plugins import available, load_method
         ok = [n for n in sorted(available("method")) if load_method(n).partial_participation]
         raise UserError(f"method {method.name} does not support participation < 1 ({method.participation_note}): "
                         f"set {where} = 1.0, or "
@@ -142,7 +144,6 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     global model on the pooled source validation splits and on the whole held-out domain. The reported round is
     chosen on source validation only (DomainBed's training-domain validation), never on the target: see
     ``select_round``."""
-    from .plugins import load_method
     method = load_method(spec.method)
     if truth_sink is not None:  # truth_sink(run_id, client, name, arrays); a client knows only its own id
         run_sink = truth_sink
@@ -153,7 +154,6 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     check_public(method, spec.model_cfg, data)
     seq = seeding.run_seq(spec.seed, spec.run_id)
     shape = (data.channels, data.size, data.size, data.num_classes)
-    from .privacy import build_filters
     filters = dict(spec.filters or {})
     for k, fs in build_filters(spec.privacy).items():   # fresh per run: accountants live for one run
         filters[k] = filters.get(k, []) + fs
@@ -170,45 +170,13 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     hosted = parts + ([unlabeled(target)] if tid else [])   # labels are -1 before the target client is built
     fraction, cohort = float(spec.params.participation), cohort_on(spec.params)
     check_participation(method, fraction)
-    if spec.engine in ("process", "ray"):   # a worker masks the target's labels itself (engines.build_host)
-        blocks = assign([d.name for d in hosted], spec.workers or os.cpu_count() or 1)
-        party = {d.name: i + 1 for i, d in enumerate(hosted)}
-        specs = [dict(base, method=spec.method, data_cfg=spec.data_cfg, clients={c: party[c] for c in b},
-                      threads=spec.worker_threads, cohort=cohort, filters=filters, truth_fn=truth_sink is not None)
-                 for b in blocks]
-        if spec.engine == "process":
-            link = ProcessLink(bus, specs, truth_sink)
-        else:
-            from .ray_engine import RayWorkers
-            link = RemoteLink(bus, RayWorkers(specs, truth_sink, spec.ray, build_host))
-    elif spec.engine == "local":
-        clients = {}
-        for i, d in enumerate(hosted):
-            clients[d.name] = method.Client(dict(base, id=d.name, party=i + 1, domain=d, truth_sink=truth_sink))
-        link = LocalLink(bus, clients, cohort)
-    else:
-        raise ValueError(f"unknown engine {spec.engine!r}")
+    link = _link(spec, method, bus, base, hosted, cohort, filters, truth_sink)
     try:
         pre = pretrain_public(spec, data) if spec.model_cfg.pretrain_epochs else None
         server = method.Server(dict(base, id="server", party=0, clients=cids, link=link, public=pub, pretrained=pre))
         val, tgt = (Split(s.x.to(spec.device), s.y.to(spec.device), s.idx)   # evaluation data stays on the device
                     for s in (_cat([d.val for d in sources]), _cat([target.train, target.val])))
-        history = []
-        for t in range(0, spec.params.rounds + 1):
-            bus.round = server.round = t
-            server.reseed()
-            server.active = cids if t == 0 else participants(seq, cids, fraction, t)
-            server.begin() if t == 0 else server.step(t)
-            row = {"round": t, "bytes": bus.sent.get(t, 0)}
-            if fraction < 1.0:
-                row["asked"] = len(server.active)
-            if t > 0 and (t % max(1, spec.params.eval_every) == 0 or t == spec.params.rounds):
-                m = server.global_model()
-                row.update(source_val_acc=accuracy(m, val, spec.device), target_acc=accuracy(m, tgt, spec.device))
-                row.update({k: float(v) for k, v in server.extra_metrics().items() if k not in row})
-            history.append(row)
-            if on_round:
-                on_round(row)
+        history = _rounds(spec, server, bus, seq, cids, fraction, val, tgt, on_round)
     finally:
         link.close()
     best, converged = select_round(history, len(val), spec.params.rounds)
@@ -217,6 +185,50 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
             "converged": converged, "clients": cids, "adaptation": bool(tid),
             "extra": {k: v for k, v in best.items() if k not in ("round", "bytes", "asked", "source_val_acc",
                                                                    "target_acc")}}
+
+
+def _link(spec: RunSpec, method, bus: Bus, base: dict, hosted: list, cohort, filters: dict, truth_sink):
+    """The server's link to the clients of ``spec.engine``: in this process ("local"), or in worker processes
+    ("process", "ray") that build their own clients (a worker masks the target's labels itself:
+    engines.build_host)."""
+    if spec.engine in ("process", "ray"):
+        blocks = assign([d.name for d in hosted], spec.workers or os.cpu_count() or 1)
+        party = {d.name: i + 1 for i, d in enumerate(hosted)}
+        specs = [dict(base, method=spec.method, data_cfg=spec.data_cfg, clients={c: party[c] for c in b},
+                      threads=spec.worker_threads, cohort=cohort, filters=filters, truth_fn=truth_sink is not None)
+                 for b in blocks]
+        if spec.engine == "process":
+            return ProcessLink(bus, specs, truth_sink)
+        return RemoteLink(bus, RayWorkers(specs, truth_sink, spec.ray, build_host))
+    if spec.engine == "local":
+        clients = {}
+        for i, d in enumerate(hosted):
+            clients[d.name] = method.Client(dict(base, id=d.name, party=i + 1, domain=d, truth_sink=truth_sink))
+        return LocalLink(bus, clients, cohort)
+    raise ValueError(f"unknown engine {spec.engine!r}")
+
+
+def _rounds(spec: RunSpec, server, bus: Bus, seq, cids: list, fraction: float, val: Split, tgt: Split,
+            on_round) -> list[dict]:
+    """Rounds 0 (``begin``) to ``rounds`` of the server, each a row of the history (evaluated every
+    ``eval_every`` rounds and after the last)."""
+    history = []
+    for t in range(0, spec.params.rounds + 1):
+        bus.round = server.round = t
+        server.reseed()
+        server.active = cids if t == 0 else participants(seq, cids, fraction, t)
+        server.begin() if t == 0 else server.step(t)
+        row = {"round": t, "bytes": bus.sent.get(t, 0)}
+        if fraction < 1.0:
+            row["asked"] = len(server.active)
+        if t > 0 and (t % max(1, spec.params.eval_every) == 0 or t == spec.params.rounds):
+            m = server.global_model()
+            row.update(source_val_acc=accuracy(m, val, spec.device), target_acc=accuracy(m, tgt, spec.device))
+            row.update({k: float(v) for k, v in server.extra_metrics().items() if k not in row})
+        history.append(row)
+        if on_round:
+            on_round(row)
+    return history
 
 
 LATE = 0.1   # a run whose selected round is in the last 10% of its rounds has not converged

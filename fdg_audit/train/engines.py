@@ -2,9 +2,9 @@
 
 ``LocalLink`` keeps every client in the driver; ``ProcessLink`` spreads them over spawned worker processes
 (``build_host``: each loads only its clients' domains); ``RemoteLink`` talks to workers managed elsewhere
-(fdg_audit.ray_engine). All of them carry the server's requests and the clients' replies through the bus, so
+(fdg_audit.train.ray_engine). All of them carry the server's requests and the clients' replies through the bus, so
 every engine records the same ledger. ``Host`` answers requests for the clients of one place and trains a cohort
-of them as one stacked model where they support it (fdg_audit.cohort).
+of them as one stacked model where they support it (fdg_audit.train.cohort).
 """
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import multiprocessing as mp
 import numpy as np
 import torch
 
-from .bus import Bus, Payload, decode
-from .data import load_data
-from .errors import UserError
-from .protocol import Client, Reply, unlabeled
+from ..bus import Bus, Payload, decode
+from ..data import load_data
+from ..errors import UserError
+from ..protocol import Client, Reply, unlabeled
+from ..plugins import load_method
+from .cohort import fit_cohort
 
 class _Link:
     """Carries server->client messages and client replies through the bus. Subclasses place the clients and run
@@ -59,7 +61,6 @@ class Host:
                  self.clients[c].vmap_phase == phase and self.clients[c].vmap_ok()]
         out = {}
         if len(group) > 1:
-            from .cohort import fit_cohort
             cls = [self.clients[c] for c in group]
             for cl in cls:
                 self._enter(cl, rnd)
@@ -104,7 +105,6 @@ def build_host(spec: dict, truth_sink=None) -> Host:
     method's target client with its labels masked first, ``protocol.unlabeled``).
     ``spec``: method, data_cfg, clients {id: party index}, threads, cohort, filters, plus the shared context."""
     torch.set_num_threads(spec["threads"])
-    from .plugins import load_method
     method = load_method(spec["method"])
     ctx = {k: v for k, v in spec.items() if k not in ("method", "data_cfg", "clients", "threads", "cohort")}
     cfg = spec["data_cfg"]

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .bus import Envelope, Payload, decode
-from .errors import UserError
+from ..bus import Envelope, Payload, decode
+from ..errors import UserError
+import stat
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Envelope)}
 _TYPES = {"run": str, "method": str, "round": int, "phase": str, "seq": int, "sender": str, "receiver": str,
@@ -104,7 +105,6 @@ MAX_FILE_BYTES = 2 ** 30   # a payload or an .npz array read from a run folder i
 def regular_file(path: Path, root: Path, what: str) -> int:
     """The size of ``path`` if it is a regular file (not a link, FIFO or device) inside ``root`` of at most
     MAX_FILE_BYTES; else a one-line error."""
-    import stat
     try:
         st = os.lstat(path)
     except OSError:

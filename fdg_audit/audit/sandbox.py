@@ -1,0 +1,301 @@
+"""Attack jobs in worker processes that see nothing but their view folder.
+
+Isolation (the default of the harness, ``run_isolated``): the parent writes a *view folder* for one attack on one
+run: ``view.json`` (protocol: method, params, model, shape, clients; who the adversary is; the attack and its
+parameters), ``messages.jsonl`` (the adversary's envelopes only, without the hash-chain field), ``payloads/`` (only
+those envelopes' payload bytes, each checked against its envelope's sha256 on the way), ``aux.npz`` (only the
+declared aux data) and ``cache/`` (what earlier jobs of the same attack kept, ``AdversaryView.keep``; read-only). The
+attack runs in a fresh process whose only input is that folder: multiprocessing's "forkserver" starts a clean server
+once (torch and the core imported, no copy of the parent's memory) and forks one worker per job; where forkserver is
+missing (Windows), "spawn". The worker is told neither the run folder nor its path.
+
+OS sandbox (``FDG_AUDIT_SANDBOX``, default "auto"): where bubblewrap (``bwrap``, Debian's ``bubblewrap``) is
+installed and works, each worker starts under it instead (``bwrap_argv``): new user (where the kernel allows), PID,
+network, IPC and UTS namespaces (no network, its own /proc, so no /proc/<harness>), every capability dropped (so a
+worker of a harness running as root cannot remount its read-only binds), bwrap itself started with only the
+allow-listed environment (``ENV_ALLOW``: /proc/1/environ holds nothing of the harness), an empty /tmp, and a file
+system that holds only the system directories, the Python installation and environment (read-only), the source
+files of fdg_audit, of the installed plugins (shadow training runs methods) and of a plugin named by "module:Class"
+(read-only), and its own view folder (read-write, for ``result.npz``). No bound source is the working directory or
+a folder that holds it or the run folder being attacked (``PROTECT``): a plugin shipped as a namespace package named
+like a folder of the project finds nothing. The run folder, its ``truth/``, other views and the rest of the user's
+files do not exist there. Warm sandboxes (``WarmSandbox``): jobs share a sandbox (one per set of binds: a plugin
+named by path, an attack's cache) whose server imported the core once (never a plugin) and forks each job from it,
+so a job pays no interpreter start-up; the view
+folder is rewritten per job and emptied after it, and before the next job the server kills every other process of
+the sandbox, empties /tmp and /dev/shm and removes System V IPC objects, while POSIX message queues cannot be made
+(tests/test_hostile.py: what one job leaves, the next does not find); the sandbox ends with the harness's attacks, or
+when a job runs over its time (bench/attack_isolation.py measures the start-up).
+"process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
+that searches the file system on its own (outside the API) could still open files that user can read; there the
+boundary is the API and the process, not an OS sandbox. "bwrap" insists. ``isolate=False`` (``attack
+--in-process``) runs the attack inside the harness for debugging: there the view's messages hold the whole ledger and
+the process holds the truth, so nothing is enforced. View folders are created private to the user (0700) and removed
+on every exit path of the harness, after their worker is stopped.
+
+The pieces: what crosses the boundary (``transport``), the bubblewrap command (``bwrap``), the worker
+(``worker``) and the warm sandbox's server (``serve``); this module runs jobs and stops them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from ..attack import Aux
+from ..errors import UserError
+from ..plugins import import_path
+from ..store.ledger import Ledger, atomic_write
+from ..workers import worker_context
+from .bwrap import bwrap_argv, clean_env, sandbox_mode
+from .transport import AttackFailed, decode, encode, read_result
+from .worker import LIMITS, _worker
+
+def materialise(folder: Path, ledger: Ledger, envs: list) -> None:
+    """Write ``envs`` (without their chain field) and the payloads they carry into the view folder ``folder``;
+    ``ledger.raw`` refuses a missing or altered payload with a one-line error."""
+    lines = []
+    for e in envs:
+        if e.stored:
+            p = folder / "payloads" / e.sha256[:2] / e.sha256
+            if not p.exists():
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(ledger.raw(e))
+        lines.append(dataclasses.replace(e, prev="").to_json() + "\n")
+    (folder / "messages.jsonl").write_text("".join(lines))
+
+
+
+_LIVE = set()   # attack processes running now (several when attacks run in parallel), for stop_workers
+
+_LOCK = threading.Lock()
+
+_STOP = threading.Event()   # set by stop_workers: no worker starts until allow_workers
+
+
+
+def _kill(p) -> None:
+    """Stop worker ``p`` (a bubblewrap Popen or a forkserver Process) and everything in its session (bubblewrap's
+    PID namespace ends with it; a forkserver worker leads its own session)."""
+    try:
+        if not isinstance(p, subprocess.Popen) or p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    except (OSError, TypeError):
+        pass
+    try:
+        p.kill()
+        p.wait() if isinstance(p, subprocess.Popen) else p.join()
+    except (OSError, ValueError, AssertionError):
+        pass
+
+
+
+def stop_workers() -> None:
+    """Stop every attack process still running (after an error or Ctrl-C in the harness), and start none until
+    ``allow_workers``; their results are dropped, as an interrupted attack's are."""
+    _STOP.set()
+    with _LOCK:
+        live = list(_LIVE)
+    for p in live:
+        _kill(p)
+    close_warm()
+
+
+
+def allow_workers() -> None:
+    _STOP.clear()
+
+
+
+def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: list = (), aux: Aux | None = None,
+                 cache: Path | None = None):
+    """Run one attack job in a worker process whose only input is a fresh view folder; return its result.
+
+    ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control" |
+    "describe"), optionally timeout (s) and memory_gb (``LIMITS``) and, for "run", run (protocol fields), adversary,
+    me. ``types``: the output classes the parent accepts back. ``cache``: the attack's cache folder, read-only in
+    the view as ``cache/``. Under bubblewrap the job runs in a warm sandbox of its attack (``WarmSandbox``)."""
+    timeout = float(spec.get("timeout") or LIMITS["timeout"])
+    cache = cache if cache is not None and Path(cache).is_dir() else None
+    paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
+    bwrap = sandbox_mode() == "bwrap"
+    if bwrap:
+        data = _run_warm(spec, paths, ledger, envs, aux, cache, timeout)
+    else:
+        data = _run_once(spec, paths, ledger, envs, aux, cache, timeout, bwrap)
+    try:
+        res = decode(data, types)
+    except AttackFailed:
+        raise
+    except TypeError as e:
+        raise AttackFailed(str(e)) from None
+    if not isinstance(res, dict):
+        raise AttackFailed("the attack's result is not a mapping")
+    if "user_error" in res:
+        raise UserError(str(res["user_error"])[:2000])
+    if "error" in res:
+        raise AttackFailed(str(res["error"])[:2000], str(res.get("traceback", ""))[:100_000])
+    return res
+
+
+
+def _write_view(folder: Path, spec: dict, paths: dict, ledger, envs, aux, cache: Path | None) -> None:
+    """The view folder of one job: its envelopes and payloads, aux, a copy of the cache (where no read-only bind
+    holds it), view.json and paths.json."""
+    if spec["mode"] == "run":
+        materialise(folder, ledger, list(envs))
+        (folder / "aux.npz").write_bytes(encode(aux))
+    if cache is not None:
+        shutil.copytree(cache, folder / "cache")
+    threads = spec.get("threads") or torch.get_num_threads()
+    atomic_write(folder / "view.json", json.dumps(dict(spec, threads=threads), default=str))
+    atomic_write(folder / "paths.json", json.dumps(paths))
+
+
+
+def _no_result(code) -> AttackFailed:
+    return AttackFailed(f"the attack process exited with code {code} and no result"
+                        + (" (killed: over attack_memory_gb?)" if code in (-9, 137) else ""))
+
+
+
+def _timed_out(timeout: float) -> AttackFailed:
+    return AttackFailed(f"the attack process ran longer than attack_timeout = {timeout:g} s and was stopped")
+
+
+
+def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float, bwrap: bool) -> bytes:
+    """One job in a process of its own (bubblewrap, else a forkserver worker); the result's bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
+    p = None
+    try:
+        _write_view(folder, spec, paths, ledger, envs, aux, cache if not bwrap else None)
+        if bwrap and cache is not None:
+            (folder / "cache").mkdir()   # the mount point of the read-only bind
+        with _LOCK:
+            if _STOP.is_set():
+                raise AttackFailed("stopped before it started (the harness is stopping)")
+            if bwrap:
+                p = subprocess.Popen(bwrap_argv(folder, spec, paths, cache), stdin=subprocess.DEVNULL, env=clean_env(),
+                                     start_new_session=True)
+            else:
+                p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
+                p.start()
+            _LIVE.add(p)
+        if bwrap:
+            try:
+                code = p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+        else:
+            p.join(timeout)
+            code = p.exitcode
+        if code is None:
+            raise _timed_out(timeout)
+        data = read_result(folder)
+        if data is None:
+            raise _no_result(code)
+        return data
+    finally:
+        if p is not None:
+            _kill(p)
+            with _LOCK:
+                _LIVE.discard(p)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+
+class WarmSandbox:
+    """One bubblewrap sandbox (``bwrap_argv``, entry ``_serve``) that runs jobs in turn (of any attack whose binds it
+    has), each in a process forked from a server that imported the core and no plugin: a job pays no interpreter
+    start-up, and reaches what a fresh sandbox would give it. Its view folder is written for the job and emptied after it (all
+    but the read-only ``cache/`` bind); the server leaves no process, temporary file or IPC object of a job to the
+    next (``_serve``). A job that runs over its time, or a server that dies, ends the sandbox."""
+
+    def __init__(self, spec: dict, paths: dict, cache: Path | None):
+        self.folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
+        if cache is not None:
+            (self.folder / "cache").mkdir()
+        self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, entry="serve._serve"), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, env=clean_env(), start_new_session=True)
+
+    def run(self, spec: dict, paths: dict, ledger, envs, aux, timeout: float) -> bytes:
+        try:
+            _write_view(self.folder, spec, paths, ledger, envs, aux, None)
+            self.p.stdin.write(b"job\n")
+            self.p.stdin.flush()
+            ready = select.select([self.p.stdout], [], [], timeout)[0]
+            line = self.p.stdout.readline() if ready else b""
+        except (OSError, ValueError):   # the server is gone
+            line, ready = b"", True
+        data = read_result(self.folder)
+        for e in self.folder.iterdir():
+            if e.name != "cache":
+                shutil.rmtree(e, ignore_errors=True) if e.is_dir() and not e.is_symlink() else e.unlink()
+        if not ready:
+            raise _timed_out(timeout)
+        if line != b"done\n" or data is None:
+            raise _no_result(self.p.poll())
+        return data
+
+    def close(self) -> None:
+        _kill(self.p)
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+
+_IDLE: dict = {}   # (attack and method named by path, device, cache) -> warm sandboxes waiting for a job
+
+
+
+def _run_warm(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float) -> bytes:
+    # every job is its own fork of a server that runs no plugin code, so jobs share a sandbox whenever it binds the
+    # same files: a plugin named by path, and an attack's cache folder, are binds of their own
+    method, attack = spec.get("run", {}).get("plugin", ""), spec["attack"]
+    key = (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache))
+    with _LOCK:
+        if _STOP.is_set():
+            raise AttackFailed("stopped before it started (the harness is stopping)")
+        box = _IDLE[key].pop() if _IDLE.get(key) else None
+        if box is None:
+            box = WarmSandbox(spec, paths, cache)
+            _LIVE.add(box.p)
+    ok = False
+    try:
+        data = box.run(spec, paths, ledger, envs, aux, timeout)
+        ok = True
+        return data
+    finally:
+        with _LOCK:
+            if ok and not _STOP.is_set():
+                _IDLE.setdefault(key, []).append(box)
+            else:
+                _LIVE.discard(box.p)
+        if not ok or _STOP.is_set():
+            box.close()
+
+
+
+def close_warm() -> None:
+    """End every idle warm sandbox (when the harness is done or stops)."""
+    with _LOCK:
+        boxes = [b for v in _IDLE.values() for b in v]
+        _IDLE.clear()
+        for b in boxes:
+            _LIVE.discard(b.p)
+    for b in boxes:
+        b.close()

@@ -1,0 +1,129 @@
+"""The attack worker: the process that reads one view folder, runs one attack job and writes ``result.npz``
+(``_worker``; ``_main`` under bubblewrap). It imports the core, and a plugin only once its limits are set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from ..attack import AdversaryView, Aux, load_attack
+from ..data import Split
+from ..errors import UserError
+from ..models import ModelConfig
+from ..params import typed
+from ..plugins import load_method
+from ..store.ledger import Ledger
+from .bwrap import clean_env
+from .transport import decode, encode
+
+LIMITS = dict(timeout=3600.0, memory_gb=8.0)   # defaults of the scenario's attack_timeout, attack_memory_gb
+
+
+
+def check_limits(timeout, memory_gb, where: str = "scenario") -> tuple[float, float]:
+    """``attack_timeout`` (seconds) and ``attack_memory_gb``: positive finite numbers, or a one-line error."""
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")  # noqa: E731
+    if not num(timeout) or not num(memory_gb) or memory_gb < 0.25:
+        raise UserError(f"{where}: attack_timeout = {timeout!r}, attack_memory_gb = {memory_gb!r}: give seconds > 0 "
+                        "and gigabytes >= 0.25 (defaults 3600 and 8)")
+    return float(timeout), float(memory_gb)
+
+
+
+def portrait(atk) -> dict:
+    """What the metadata probe (mode "describe") reports of a constructed attack: plain values only."""
+    return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
+                aux=list(atk.aux), outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
+                params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)),
+                threat=json.loads(json.dumps(atk.threat(), default=str)))
+
+
+
+def _split(s):
+    return s if s is None else Split(torch.as_tensor(s.x), torch.as_tensor(s.y), np.asarray(s.idx))
+
+
+
+def _main(folder: str) -> None:
+    """Entry point under bubblewrap: the import paths come in the view folder's ``paths.json`` (a folder removed
+    meanwhile, e.g. by Ctrl-C in the harness, ends the worker without a word)."""
+    try:
+        paths = json.loads((Path(folder) / "paths.json").read_text())
+    except (OSError, ValueError):
+        sys.exit(1)
+    _worker(folder, paths)
+
+
+
+def _worker(folder: str, paths: dict) -> None:
+    """Entry point of the attack process: read the view folder, run the attack, write ``result.npz``.
+    ``paths``: the import path for the run's method and for the attack (see plugins.import_path). Before any plugin
+    code: its own session (the harness stops it with everything it started), the memory limit, the working directory
+    is the view folder, argv and the environment name nothing of the harness (an allowlist, ENV_ALLOW), and Ctrl-C is
+    left to the harness (no traceback from the worker)."""
+    import resource
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    os.chdir(folder)
+    sys.argv = ["fdg_audit-attack-worker"]
+    keep = clean_env()
+    os.environ.clear()
+    os.environ.update(keep, HOME=folder)
+    root = Path(folder)
+    try:
+        spec = json.loads((root / "view.json").read_text())
+    except (OSError, ValueError):
+        sys.exit(1)
+    limit = int(float(spec.get("memory_gb") or LIMITS["memory_gb"]) * 2 ** 30)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    try:
+        data = encode(_job(spec, root, paths))
+    except UserError as e:
+        data = encode({"user_error": str(e)})
+    except Exception as e:  # noqa: BLE001  (reported by the parent as a failed row, like an in-process crash)
+        data = encode({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+    out = root / "result.npz"
+    if os.path.lexists(out):   # whatever the plugin left there (a link, a FIFO) is replaced, never written through
+        os.unlink(out)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _job(spec: dict, root: Path, paths: dict) -> dict:
+    """The job of ``view.json`` (``spec``): load the method and the attack, then describe it, run its controls or
+    run it on the view; its result (``encode``)."""
+    torch.set_num_threads(spec["threads"])   # the job's count, else the harness's: the numbers of in-process
+    threadpool_limits(spec["threads"])       # runs; numpy's and scikit-learn's BLAS too: two workers at once on 2
+    #                                          cores must not each start a thread per core
+    if "run" in spec:   # the method first, so view.protocol finds the installed module, not a shadow
+        sys.path[:] = paths["method"]
+        load_method(spec["run"]["plugin"])
+    sys.path[:] = paths["attack"]
+    cls = load_attack(spec["attack"])
+    device = torch.device(spec["device"])
+    atk = cls(typed(cls.Params, spec["params"], f"attacks.{spec.get('label') or cls.name or spec['attack']}"), device)
+    if spec["mode"] == "describe":   # the metadata probe (attack.describe): the harness never imports plugins
+        return {"describe": portrait(atk)}
+    if spec["mode"] == "control":
+        return {"controls": list(atk.control())}
+    run = dict(spec["run"], model_cfg=ModelConfig(**spec["run"]["model_cfg"]))
+    view = AdversaryView(Ledger.open(root), run, spec["adversary"], spec["me"], device)
+    view.cache_dir = str(root / "cache")
+    aux = decode((root / "aux.npz").read_bytes(), {"Aux": Aux, "Split": Split}, "aux.npz")
+    aux.public = _split(aux.public)
+    for part in (aux.domain_samples, aux.candidates):
+        part.update({k: _split(s) for k, s in part.items()})
+    return {"outputs": list(atk.run(view, aux)), "keep": dict(getattr(view, "_kept", {}))}
