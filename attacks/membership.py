@@ -30,7 +30,9 @@ Every attack here reads ``weights`` artifacts, so it applies to every method tha
   (minus the least-squares slope of the loss over rounds, the paper's "our_loss"), ``last`` and ``mean``
   (the paper's "01-loss" and "fed-loss"). Needs no reference models.
 
-Reference federations: the attacker re-runs the observed protocol (``view.method`` with ``view.settings``, same
+Reference federations (``references``; trained once per run and setting, kept in the run folder's attack cache that
+every attack here shares, so LiRA and RMIA with equal reference settings use the same models): the attacker re-runs
+the observed protocol (``view.method`` with ``view.settings``, same
 model) through the federation engine (``fdg_audit.api.attack.federate``, in-memory ledger) on its own data: one
 pseudo-client per observed client, named like it, each holding a random ``ref_fraction`` of the attacker's pool
 (``shadow_data = "public"``: the held-out domain's images split among the pseudo-clients; ``"domain_samples"``:
@@ -298,6 +300,7 @@ def _refs_key(view, p: RefParams, victims: list[str], online: bool) -> str:
 class _Membership(Attack):
     consumes = ("weights",)
     adversary = "server"
+    cache = "mia_references"      # one attack cache for every membership attack: equal references are trained once
     aux = ("candidates",)
     knows = ("architecture",)     # losses through the observed model
     Params = TargetParams

@@ -27,7 +27,7 @@ def one(name: str, seed: int, threads: int) -> None:
     import torch
     torch.set_num_threads(threads)
     sys.path.insert(0, str(ROOT))
-    from fdg_audit.plugins import load_attack
+    from fdg_audit.attack import load_attack
     cls = load_attack(name)
     atk = cls(cls.Params(seed=seed), device="cpu")
     out = [dict(name=c.name, metric=c.metric, value=float(c.value), threshold=float(c.threshold),

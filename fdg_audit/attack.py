@@ -200,6 +200,8 @@ class Attack:
     budget: dict = {}             # output variant ("*": all) -> (iteration params, restart param); {} = none
     knows: tuple = ()             # CAPABILITIES used beyond those aux and priors imply
     rows: dict = {}               # output variant -> a setting the scorecard reports in a row of its own
+    cache = ""                    # the attack cache its jobs share (``AdversaryView.keep``/``cached``): "" = its own
+                                  # name; attacks that can reuse each other's arrays name the same one
     Params = AttackParams
 
     def __init__(self, params=None, device: str = "cpu"):

@@ -85,6 +85,30 @@ def test_references_run_the_observed_protocol_with_balanced_in_out():
     assert (refs_g.pool_in[0][victims[0]] == refs_g.pool_in[0][victims[1]]).all()   # global: union of clients
 
 
+def test_lira_and_rmia_train_equal_reference_federations_once_through_their_shared_cache(monkeypatch, tmp_path):
+    """The references of one run and setting are kept in the attack cache every membership attack shares: RMIA's job
+    after LiRA's reads LiRA's models (no federation trained) and gets the same states, IN masks and pool; another
+    setting (more references) misses the cache."""
+    import attacks.membership as MB
+    from fdg_audit.audit.harness import cache_dir
+    assert cache_dir(tmp_path, LiRA(), "a") == cache_dir(tmp_path, RMIA(), "b") == cache_dir(tmp_path, Trajectory(), "c")
+    view, aux, _, _ = control_world("cpu")
+    p = LiRA.Params(refs=2, ref_rounds=1)
+    first = references(view, aux, p, view.clients, online=False)
+    kept = dict(view._kept)
+    assert len(kept) == 1
+    view.cached = lambda key: kept.get(key)
+    monkeypatch.setattr(MB, "federate", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained again")))
+    again = references(view, aux, RMIA.Params(refs=2, ref_rounds=1), view.clients, online=False)
+    for r in range(2):
+        for v in view.clients:
+            assert all(np.array_equal(np.asarray(first.states[r][v][k]), again.states[r][v][k])
+                       for k in first.states[r][v])
+            assert np.array_equal(first.cand_in[r][v], again.cand_in[r][v])
+    with pytest.raises(AssertionError, match="trained again"):
+        references(view, aux, RMIA.Params(refs=3, ref_rounds=1), view.clients, online=False)
+
+
 def test_controls_lira_rmia_with_two_references():
     for atk in (LiRA(LiRA.Params(refs=2)), RMIA(RMIA.Params(refs=2))):
         pos, neg = atk.control()

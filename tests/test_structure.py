@@ -9,9 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "fdg_audit"
 MAX_FUNCTION, MAX_MODULE = 60, 400
-# the one cycle left: report/scorecard.py's ``scorecard`` imports report/compare.py (inside the function), which reads
-# scorecard's selections; both bodies were being edited elsewhere when the rest went (issue 36). Remove on fixing it.
-KNOWN_CYCLES = [["fdg_audit.report.compare", "fdg_audit.report.scorecard"]]
+KNOWN_CYCLES = []   # none: the last (report/scorecard.py <-> report/compare.py) went with report/select.py
 
 
 def modules() -> dict[str, Path]:

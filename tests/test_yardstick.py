@@ -177,7 +177,7 @@ def test_score_dispatches_on_the_output_class_through_one_table(monkeypatch):
     entry there, a subclass of an output is scored as its base, and an unknown type names the types it takes."""
     from dataclasses import dataclass
 
-    from fdg_audit import scoring
+    from fdg_audit.audit import scoring
     from fdg_audit.api.attack import Scores
 
     @dataclass

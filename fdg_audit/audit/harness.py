@@ -229,10 +229,11 @@ def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: boo
 
 
 def cache_dir(root: Path, atk, label: str) -> Path:
-    """RUN/attack_cache/<attack name>/: the arrays jobs of one attack class keep for later ones (attacker side: the
-    jobs' own results, never truth). The label names it when the attack's name is not a safe file name."""
-    name = atk.name if isinstance(atk.name, str) and CACHE_KEY.fullmatch(atk.name) and ".." not in atk.name \
-        else label
+    """RUN/attack_cache/<name>/: the arrays jobs of one attack class (or of the attacks that name one ``cache``) keep
+    for later ones (attacker side: the jobs' own results, never truth). The label names it when the name is not a
+    safe file name."""
+    name = getattr(atk, "cache", "") or atk.name
+    name = name if isinstance(name, str) and CACHE_KEY.fullmatch(name) and ".." not in name else label
     return Path(root) / "attack_cache" / name
 
 

@@ -247,12 +247,7 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
         r, x, y, doms = r[ri], x[ci], y[ci], [doms[i] for i in ci]
         pred = None if pred is None else pred[ri]
     plain, r = r, M.aligned(r, x)   # as returned (matched) and aligned
-    public = aux.public.x if aux.public is not None else truth.public_images(aux.domains)
-    base = torch.stack([M.aligned(public.mean(0, keepdim=True).expand_as(x).contiguous(), x),
-                        x.mean((2, 3), keepdim=True).expand_as(x)])            # (2, B, C, H, W)
-    bp = torch.stack([M.psnr(b, x) for b in base])
-    pick = bp.argmax(0)
-    b = base[pick, torch.arange(len(x))]
+    b = _free_image(x, aux.public.x if aux.public is not None else truth.public_images(aux.domains))
     ids = _image_ids(idx)
     per = lambda v: I("mean", np.asarray(v, float), ids=ids)  # noqa: E731  (per-image values)
     ps, pb = M.psnr(r, x), M.psnr(b, x)
@@ -279,6 +274,15 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
                  n_distractors=int(n_dis.min()) if len(n_dis) else 0)
     return [row | extra for row in rows], (x, r, b)
+
+
+def _free_image(x: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
+    """Per true image, the better (PSNR) of two images an attacker has for free: the public mean image aligned to it
+    and the flat image at its channel means."""
+    base = torch.stack([M.aligned(public.mean(0, keepdim=True).expand_as(x).contiguous(), x),
+                        x.mean((2, 3), keepdim=True).expand_as(x)])            # (2, B, C, H, W)
+    pick = torch.stack([M.psnr(b, x) for b in base]).argmax(0)
+    return base[pick, torch.arange(len(x))]
 
 
 def _match(r: torch.Tensor, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:

@@ -22,8 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..metrics import stats as S
-from . import scorecard as SC
+from ..metrics.registry import HARMS
+from . import select as SC
 from . import tables as T
+from .formatting import md_table
 
 FIELDS = ["dataset", "harm", "setting", "adversary", "a", "b", "metric", "channel_a", "channel_b", "attack_a", "attack_b",
           "diff", "lo", "hi", "n", "p_holm", "call"]
@@ -39,10 +41,6 @@ def is_reference(res: T.Results, g: tuple) -> bool:
     """Whether group ``g`` runs the scenario's reference method (its plugin name, as the scorecard's Δ)."""
     return bool(res.reference) and any(T.gkey(r) == g and r.get("plugin", r.get("method")) == res.reference
                                        for r in res.ok)
-
-
-def _mode(values) -> str:
-    return SC._mode(values)
 
 
 def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role: str, setting: str) -> dict | None:
@@ -63,7 +61,7 @@ def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role:
     cell = {(r["dataset"], r["method"], r["variant"], r["harm"], r["adversary"], r["setting"]): r for r in card}
     unres = any(str(cell.get(g + (harm, role, setting), {}).get("reading", "")).startswith("not resolvable")
                 for g in (a, b))
-    pick = lambda k, i: _mode(p[i]["chosen"][k] for p in pairs)  # noqa: E731
+    pick = lambda k, i: SC._mode(p[i]["chosen"][k] for p in pairs)  # noqa: E731
     return dict(c, harm=harm, adversary=role, setting=setting, metric=pick("metric", 1), channel_a=pick("artifact", 1),
                 channel_b=pick("artifact", 2), attack_a=pick("attack", 1), attack_b=pick("attack", 2),
                 _unresolved=unres)
@@ -83,7 +81,7 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
     for ds in dict.fromkeys(g[0] for g in res.groups()):
         gs = [g for g in res.groups() if g[0] == ds]
         cells = sorted({k[1:4] for k in chosen if k[0] in gs and SC.primary(k[3])},
-                       key=lambda k: (list(SC.HARMS).index(k[0]), k[2], k[1]))
+                       key=lambda k: (list(HARMS).index(k[0]), k[2], k[1]))
         for a, b in _pairs(res, gs):
             common = sorted(set(acc.get(a, {})) & set(acc.get(b, {})))
             if common:
@@ -124,7 +122,7 @@ def any_channel_rows(res: T.Results, card: list[dict]) -> list[dict]:
         g = (r["dataset"], r["method"], r["variant"])
         ref = SC.reference_group(res, g)
         row = dict(r, setting=", ".join(filter(None, (r["setting"], SC.ANY_CHANNEL))))
-        row |= {k: "" for k in SC.FIELDS if k.startswith("diff_") or k == "reference"}
+        row |= {k: "" for k in r if k.startswith("diff_") or k == "reference"}
         c = next((c if c["ga"] == g else _flip(c) for c in comps if {c["ga"], c["gb"]} == {g, ref}
                   and (c["harm"], c["adversary"], c["setting"]) == (r["harm"], r["adversary"], r["setting"])), None)
         if c:
@@ -146,7 +144,6 @@ def between_md(comps: list[dict]) -> list[str]:
     leak = [c for c in comps if c["harm"] != "accuracy"]
     if not leak:
         return []
-    from .formatting import md_table
     f = lambda x, d=3: "—" if x != x else f"{x:+.{d}f}"  # noqa: E731
     body = [[c["dataset"], c["harm"] + (f" [{c['setting']}]" if c["setting"] else ""), c["adversary"], c["metric"], f"{c['a']} ({c['attack_a']} on {c['channel_a']})",
              f"{c['b']} ({c['attack_b']} on {c['channel_b']})", f"{f(c['diff'])} [{f(c['lo'])}, {f(c['hi'])}]",
