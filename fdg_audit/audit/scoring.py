@@ -328,7 +328,7 @@ def _guess_hits(truth: Truth, k: int, victim: tuple, held: np.ndarray, free: np.
     return float(M.reidentified(torch.cat(gs), torch.cat(xs), torch.cat([t[:, :d] for t in ds])).float().mean())
 
 
-# The one table from output class to its scorer: a new output type adds its class (fdg_audit/api/attack.py) and a
+# The one table from output class to its scorer: a new output type adds its class (fdg_audit/attack.py) and a
 # line here (and its metrics to fdg_audit/metrics/registry.py).
 SCORERS = {Reconstruction: score_reconstruction, Scores: score_membership, Predictions: score_predictions,
            Estimate: score_estimate, Audit: score_audit}
