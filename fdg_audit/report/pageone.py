@@ -160,7 +160,10 @@ def _others(card: list[dict], fam: str) -> str:
                 and primary(r.get("setting", "")):
             k = f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({r['adversary']}"
             out.setdefault(k, []).append(r.get("setting", "").removeprefix("clients of ").split(" ")[0])
-    return _join([k + (f"; clients of {', '.join(n)} images)" if any(n) else ")") for k, n in out.items()])
+    def sizes(n: list) -> str:
+        n = sorted(n, key=int)
+        return f"; clients of {', '.join(n)} image" + "s" * (n != ["1"]) + ")"
+    return _join([k + (sizes(n) if all(n) else ")") for k, n in out.items()])
 
 
 def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
