@@ -91,7 +91,9 @@ def test_lira_and_rmia_train_equal_reference_federations_once_through_their_shar
     setting (more references) misses the cache."""
     import attacks.membership as MB
     from fdg_audit.audit.harness import cache_dir
-    assert cache_dir(tmp_path, LiRA(), "a") == cache_dir(tmp_path, RMIA(), "b") == cache_dir(tmp_path, Trajectory(), "c")
+    from fdg_audit.audit.checks import describe
+    (_, lira, _), (_, rmia, _) = (describe({"name": n}, "cpu") for n in ("mia_lira", "mia_rmia"))   # as the harness
+    assert cache_dir(tmp_path, lira, "a") == cache_dir(tmp_path, rmia, "b") == tmp_path / "attack_cache" / "mia_references"
     view, aux, _, _ = control_world("cpu")
     view.__dict__.pop("_kept", None)    # what other tests' attacks kept on this (shared) control view
     p = LiRA.Params(refs=2, ref_rounds=1)

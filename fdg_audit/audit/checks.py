@@ -42,6 +42,7 @@ class Described:
     outputs: dict
     p: Any
     threat: dict = dataclasses.field(default_factory=dict)   # Attack.threat(): priors, budget, knows, rows
+    cache: str = ""                                           # Attack.cache: the attack cache its jobs share
 
     def record(self, entry: str) -> dict:
         """The attack's line in attacks.json."""
@@ -101,8 +102,12 @@ def _checked(d, label: str) -> Described:
     p = SimpleNamespace(**_shared_params(d["params"], label))
     if not all(isinstance(x, str) and 0 < len(x) <= MAX_NAME for x in (d["name"] or "x", *d["consumes"])):
         raise UserError(f"attack {label}: its name and consumes must be strings of 1 to {MAX_NAME} characters")
+    cache = d.get("cache") or ""
+    if not isinstance(cache, str) or len(cache) > MAX_NAME:
+        raise UserError(f"attack {label}: its cache must be a name of at most {MAX_NAME} characters")
     return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
-                     {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label))
+                     {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label),
+                     cache)
 
 
 def _shared_params(p: dict, label: str) -> dict:

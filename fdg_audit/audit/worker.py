@@ -44,7 +44,7 @@ def portrait(atk) -> dict:
     return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
                 aux=list(atk.aux), outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
                 params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)),
-                threat=json.loads(json.dumps(atk.threat(), default=str)))
+                threat=json.loads(json.dumps(atk.threat(), default=str)), cache=str(getattr(atk, "cache", "") or ""))
 
 
 
