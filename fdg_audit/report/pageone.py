@@ -188,10 +188,11 @@ def _between(comps: list[dict], fam: str) -> str:
 def family_sentence(res, card, comps, curve, by, fam: str) -> str:
     """One family's answer (module doc)."""
     gs = [g for g in res.groups() if g[0] == fam]
-    rec = _join([x for x in (_recon(res, card, curve, g) for g in gs) if x])
+    rec = [x for x in (_recon(res, card, curve, g) for g in gs) if x]
     mb = ", ".join(f"{g[1]}{g[2]} {human_bytes(by[g]['total'])}" for g in gs if g in by)
-    return (f"{fam}: images given back ({HEADLINE}, chance {_chance(card, curve, fam)}): {rec}; "
-            f"other leaks: {_others(card, fam)}; leakage between methods whatever the channel (paired by seed, Holm): "
+    recon = f"images given back ({HEADLINE}, chance {_chance(card, curve, fam)}): {_join(rec)}; " if rec else \
+        "no reconstruction attack ran; "
+    return (f"{fam}: {recon}other leaks: {_others(card, fam)}; leakage between methods whatever the channel (paired by seed, Holm): "
             f"{_between(comps, fam)}; held-out accuracy {_accuracy(res, card, comps, fam)}"
             + (f"; sent per run: {mb}." if mb else "."))
 
