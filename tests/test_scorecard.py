@@ -99,6 +99,17 @@ def test_crossfit_finds_a_real_signal_and_single_candidate_keeps_all_items():
     assert how == "single" and len(scored[0]) == 50
 
 
+def test_crossfit_averages_candidates_tied_on_a_half_whatever_their_order():
+    """Two outputs re-identify every image of half A (a tie); on half B one keeps doing so and one does not. The tie
+    is not broken by the outputs' order: both score half B and the value is the same in either order."""
+    ids = np.arange(40)
+    a = ~S.half(ids, 0)
+    first = S.Items("mean", np.where(a, 1.0, 0.0), ids=ids)
+    second = S.Items("mean", np.ones(40), ids=ids)
+    got = [_choose({0: cs})[0][0].stat() for cs in ([first, second], [second, first])]
+    assert got[0] == pytest.approx(got[1]) and 0.5 < got[0] < 1.0
+
+
 def test_crossfit_counts_clients_of_one_image_every_run_keeps_its_items():
     """Runs of three one-image victims pooled (3 items a run): a per-run held-out choice left runs with an empty or
     one-item half; the cross-fit chooses on the halves of all runs, and every run keeps all 3 items, scored by the

@@ -271,21 +271,23 @@ def crossfit(runs: dict, higher: bool = True, salts: dict | None = None) -> tupl
     Items}}, the same keys (attack outputs) in every run; ``salts``: {run: salt} of the split. Every item goes to
     half A or B by a hash of its id salted by its run; the candidate strongest on the A items of all runs pooled
     scores every run's B items, the one strongest on B scores the A items, so every item counts once and no item
-    scores the choice it was chosen on. Returns ({run: [(candidate key, half)]}, how): half None and "single" for one
-    candidate (all its items), else the half each key scores (``part``) and "crossfit". A run without a chosen
-    candidate uses its first one."""
+    scores the choice it was chosen on. Candidates tied for the strongest on a half (e.g. several outputs that
+    re-identify every image of a small half) all score the other half, their values averaged (their items side by
+    side), so a tie is not broken by the candidates' order. Returns ({run: [(candidate key, half)]}, how): half None
+    and "single" for one candidate (all its items), else the half each key scores (``part``) and "crossfit". A run
+    without the chosen candidates uses its first one."""
     keys = list(dict.fromkeys(k for cs in runs.values() for k in cs))
     salts = salts or {}
     if len(keys) == 1:
         return {run: [(keys[0], None)] for run in runs}, "single"
     best = {}
-    for h in (False, True):   # the candidate chosen on half h (False = A) scores the other half
+    for h in (False, True):   # the candidates chosen on half h (False = A) score the other half
         vals = []
         for k in keys:
             parts = [part(cs[k], salts.get(run, 0), h) for run, cs in runs.items() if k in cs]
             vals.append(float(concat(parts).stat()) if parts else np.nan)
-        v = np.array(vals)
-        ok = np.flatnonzero(np.isfinite(v))
-        best[h] = keys[ok[np.argmax(v[ok]) if higher else np.argmin(v[ok])]] if len(ok) else keys[0]
-    return {run: [(best[not h] if best[not h] in cs else next(iter(cs)), h) for h in (False, True)]
+        v = np.array(vals) * (1 if higher else -1)
+        top = np.nanmax(v) if np.isfinite(v).any() else np.nan
+        best[h] = [k for k, x in zip(keys, v) if x >= top - 1e-12] or keys[:1]
+    return {run: [(k, h) for h in (False, True) for k in ([k for k in best[not h] if k in cs] or [next(iter(cs))])]
             for run, cs in runs.items()}, "crossfit"
