@@ -274,8 +274,8 @@ def references(view, aux: Aux, p: RefParams, victims: list[str], online: bool) -
                            seed=1000 * p.seed + r, device=view.device, run_id=f"reference{r}")
             states.append({v: target_states(ref, v, p.target_model)[-1][1] for v in victims})
         else:
-            states.append({v: {n.split(".", 1)[1]: a for n, a in got.items() if n.startswith(f"r{r}v{i}.")}
-                           for i, v in enumerate(victims)})
+            states.append({v: {n.split(".", 1)[1]: torch.from_numpy(a) for n, a in got.items()
+                               if n.startswith(f"r{r}v{i}.")} for i, v in enumerate(victims)})
         trained = {c: set(tr.idx.tolist()) for c, (tr, _) in clients.items()}
         everyone = set().union(*trained.values())
         seen = {v: trained[v] if p.target_model == "local" else everyone for v in victims}

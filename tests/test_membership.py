@@ -108,6 +108,7 @@ def test_lira_and_rmia_train_equal_reference_federations_once_through_their_shar
             assert all(np.array_equal(np.asarray(first.states[r][v][k]), again.states[r][v][k])
                        for k in first.states[r][v])
             assert np.array_equal(first.cand_in[r][v], again.cand_in[r][v])
+    view.model(again.states[1][view.clients[0]])    # a cached state loads into the observed model, as a trained one
     with pytest.raises(AssertionError, match="trained again"):
         references(view, aux, RMIA.Params(refs=3, ref_rounds=1), view.clients, online=False)
 
