@@ -229,7 +229,6 @@ def test_auc_ci_is_delongs_interval_with_its_coverage():
 
 
 def test_scorer_baseline_is_the_blind_auc_of_the_candidates():
-    import torch
     from fdg_audit.api.attack import Aux, Scores
     from fdg_audit.data import Split
     from fdg_audit.audit.scoring import score

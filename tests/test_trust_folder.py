@@ -183,7 +183,6 @@ def _recompute_probe():
         aux = ("candidates",)
 
         def run(self, view, aux):
-            import torch
 
             from fdg_audit.data import DataConfig, load_data
             seed = int(view.run_id.rsplit("/s", 1)[1])   # the run's seed draws its split from the split seed
