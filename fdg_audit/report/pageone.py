@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..metrics.registry import HARMS, info
 from .curves import HEADLINE, smallest_point
 from .formatting import ci, human_bytes, md_table, md_text, num, text_table
-from .scorecard import primary
+from .select import primary, size_of
 from .verdict import clears
 
 MAX_LINES = 25
@@ -159,11 +159,9 @@ def _others(card: list[dict], fam: str) -> str:
         if r["dataset"] == fam and r["harm"] not in ("reconstruction", "accuracy") and clears(r) \
                 and primary(r.get("setting", "")):
             k = f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({r['adversary']}"
-            out.setdefault(k, []).append(r.get("setting", "").removeprefix("clients of ").split(" ")[0])
-    def sizes(n: list) -> str:
-        n = sorted(n, key=int)
-        return f"; clients of {', '.join(n)} image" + "s" * (n != ["1"]) + ")"
-    return _join([k + (sizes(n) if all(n) else ")") for k, n in out.items()])
+            out.setdefault(k, []).append(size_of(r.get("setting", "")))
+    sizes = lambda n: f"; clients of {', '.join(map(str, sorted(n)))} image" + "s" * (n != [1]) + ")"  # noqa: E731
+    return _join([k + (sizes(n) if None not in n else ")") for k, n in out.items()])
 
 
 def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:

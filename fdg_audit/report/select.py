@@ -103,6 +103,12 @@ def size_setting(n: int) -> str:
     return f"clients of {n} image" + "s" * (n != 1)
 
 
+def size_of(setting: str) -> int | None:
+    """The client size a setting names (``size_setting``'s inverse), None for any other setting."""
+    head = setting.split(",")[0]
+    return int(head.split()[2]) if head.startswith("clients of ") else None
+
+
 def primary(setting: str) -> bool:
     """A setting every method of a family has and that methods are compared in: the harm's main row ("") or one
     client size's row."""
