@@ -10,10 +10,11 @@ Runs the scenario three times (or reuses a finished run folder for any of them: 
 and prints every difference the report tests (the scorecard's same-attack Δ to the reference, and every pair of
 methods of comparisons.csv: held-out accuracy and each harm over every channel), with its call and Holm-adjusted p in
 each variant, and whether the call held. Calls (fdg_audit/metrics/stats.py): distinguishable (p < 0.01) and not
-distinguishable (p >= 0.1) are firm claims; borderline (0.01 <= p < 0.1) is not. A claim "held" when its call is
-the same in every variant; a firm claim that changed is "FIRM CALL CHANGED" (what the borderline band exists to
-prevent); a claim that was borderline in some variant and changed is "borderline" (allowed). The last line counts the
-firm calls that held.
+distinguishable (p >= 0.1 and the interval inside ± the metric's margin) are firm claims; borderline
+(0.01 <= p < 0.1), inconclusive (p >= 0.1, the interval reaching a difference that matters) and not testable are not.
+A claim "held" when its call is the same in every variant; a firm claim that changed is "FIRM CALL CHANGED" (what the
+calls that are not firm exist to prevent); a claim that was not firm in some variant and changed is "not firm"
+(allowed). The last line counts the firm calls that held.
 """
 from __future__ import annotations
 
@@ -51,12 +52,12 @@ def claims(root: Path) -> dict:
 
 
 def held(cells: list) -> str:
-    """"yes" (one call in every variant), "borderline" (changed, borderline in some variant) or "FIRM CALL CHANGED"
-    (changed between firm calls only)."""
+    """"yes" (one call in every variant), "not firm" (changed, through a call that is not firm in some variant) or
+    "FIRM CALL CHANGED" (changed between firm calls only)."""
     calls = {c[0] for c in cells if c}
     if len(calls) <= 1:
         return "yes"
-    return "FIRM CALL CHANGED" if calls <= set(FIRM_CALLS) else "borderline"
+    return "FIRM CALL CHANGED" if calls <= set(FIRM_CALLS) else "not firm"
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def main() -> None:
     names = list(got)
     print("claim | " + " | ".join(names) + " | held")
     print("|".join(["---"] * (len(names) + 2)))
-    count = {"yes": 0, "borderline": 0, "FIRM CALL CHANGED": 0}
+    count = {"yes": 0, "not firm": 0, "FIRM CALL CHANGED": 0}
     firm_held = []
     for k in keys:
         cells = [got[n].get(k) for n in names]
@@ -102,7 +103,8 @@ def main() -> None:
     print("\nFirm calls that held in every variant:")
     print("\n".join(f"- {c}" for c in firm_held) or "- none")
     print(f"\n{len(keys)} tested differences: {count['yes']} same call in every variant ({len(firm_held)} firm), "
-          f"{count['borderline']} changed through borderline (allowed), {count['FIRM CALL CHANGED']} firm calls "
+          f"{count['not firm']} changed through a call that is not firm (allowed), "
+          f"{count['FIRM CALL CHANGED']} firm calls "
           "changed (distinguishable <-> not distinguishable).")
 
 

@@ -150,6 +150,27 @@ def test_tpr_at_fpr():
     assert abs(t - 0.1) < 0.02
 
 
+def test_tpr_interval_covers_the_models_tpr_and_resamples_whole_models():
+    """The cluster bootstrap over target models: across repeated pools from one generator, the 95% interval of TPR at
+    1% FPR covers the population TPR in most pools; with a strong per-model effect (candidates of a model shift
+    together) it is wider than the bootstrap that ignores models (each candidate its own group); unmeasurable
+    (fewer than 100 non-members): (nan, nan)."""
+    from scipy.stats import norm
+    truth = 1 - norm.cdf(norm.ppf(0.99) - 1.0)            # members N(1, 1), non-members N(0, 1)
+    rng, cover = np.random.default_rng(0), []
+    for _ in range(40):
+        y = np.tile([1, 0], 600)
+        s = rng.normal(0, 1, 1200) + y
+        lo, hi = M.tpr_interval(s, y, np.arange(1200) // 20, 0.01, b=300, seed=1)
+        cover.append(lo <= truth <= hi)
+    assert np.mean(cover) >= 0.8, np.mean(cover)
+    g = np.arange(1200) // 20
+    s = rng.normal(0, 1, 1200) + y + rng.normal(0, 1.5, 60)[g]
+    clustered, flat = M.tpr_interval(s, y, g, 0.01, b=300), M.tpr_interval(s, y, np.arange(1200), 0.01, b=300)
+    assert clustered[1] - clustered[0] > flat[1] - flat[0]
+    assert all(math.isnan(v) for v in M.tpr_interval(s[:150], y[:150], g[:150], 0.01))
+
+
 def test_balanced_accuracy_and_friends():
     rng = np.random.default_rng(3)
     true = rng.integers(0, 5, 300)

@@ -129,9 +129,11 @@ def test_paired_difference_interval():
     f = [S.Items("mean", rng.normal(0.0, 1, 80), ids=np.arange(80)) for _ in range(3)]
     d = S.paired(a, f)
     assert d["lo"] > 0.2 and d["hi"] < 2.0 and d["lo"] < d["mean"] < d["hi"] and d["n"] == 3
-    d = S.paired_values(np.array([0.80, 0.82, 0.70, 0.71]), np.array([0.80, 0.81, 0.70, 0.72]),
-                        np.array(["a", "a", "b", "b"]))
-    assert d["lo"] <= 0 <= d["hi"] and d["n"] == 4 and d["call"] == "not distinguishable"
+    d = S.paired_values(np.array([0.80, 0.82, 0.70, 0.71, 0.75, 0.76]), np.array([0.80, 0.81, 0.70, 0.72, 0.75, 0.76]),
+                        np.array(["a", "a", "b", "b", "c", "c"]), "target_acc")
+    assert d["lo"] <= 0 <= d["hi"] and d["n"] == 6 and d["call"] == "not distinguishable"
+    assert S.paired_values(np.array([0.8, 0.7, 0.9]), np.array([0.75, 0.72, 0.93]), None, "target_acc")["call"] == \
+        "inconclusive"                                                 # p large, interval wider than ±0.02
 
 
 def test_balanced_accuracy_items():
@@ -634,14 +636,29 @@ def test_an_artifact_outside_every_mechanism_gets_its_own_row_at_its_own_epsilon
     assert weights["artifact"] == "weights" and cell[("fedavg", "reconstruction", "")]["epsilon"] == "8"
 
 
-def test_calls_are_firm_below_0_01_and_from_0_1_and_borderline_between():
+def test_calls_are_firm_below_0_01_and_from_0_1_within_the_margin():
     """Holm-adjusted p below 0.01: distinguishable; in [0.01, 0.1): borderline (not a firm claim); from 0.1 on: not
-    distinguishable; below 3 runs: not testable whatever p is."""
-    assert [S.call(p, 5) for p in (0.0, 0.0099, 0.01, 0.065, 0.0999, 0.1, 0.5)] == \
+    distinguishable only when the 95% interval holds 0 and lies inside ±margin, else inconclusive (a wide interval is
+    no evidence of equality); below 3 runs: not testable whatever p is; no margin (no metric): never the firm "not
+    distinguishable"."""
+    narrow = (-0.05, 0.05)
+    assert [S.call(p, 5, *narrow, 0.1) for p in (0.0, 0.0099, 0.01, 0.065, 0.0999, 0.1, 0.5)] == \
         ["distinguishable"] * 2 + ["borderline"] * 3 + ["not distinguishable"] * 2
-    assert S.call(0.001, 2) == "not testable" and S.call(float("nan"), 5) == "not testable"
-    comps = [dict(p=0.004, n=5), dict(p=0.02, n=5), dict(p=0.2, n=5)]   # Holm: 0.012, 0.04, 0.2
-    assert [c["call"] for c in S.holm_calls(comps)] == ["borderline", "borderline", "not distinguishable"]
+    assert S.call(0.5, 5, -0.05, 0.12, 0.1) == "inconclusive" and S.call(0.15, 5, -0.60, -0.25, 0.1) == "inconclusive"
+    assert S.call(0.15, 5, -0.07, -0.03, 0.1) == "inconclusive"         # small, but 0 left out: may turn significant
+    assert S.call(0.5, 5, *narrow) == "inconclusive"                      # no margin given
+    assert S.call(0.001, 2, *narrow, 0.1) == "not testable" and S.call(float("nan"), 5, *narrow, 0.1) == "not testable"
+    comps = [dict(p=0.004, n=5, lo=0.1, hi=0.3, metric="reid"), dict(p=0.02, n=5, lo=0.0, hi=0.2, metric="reid"),
+             dict(p=0.2, n=5, lo=-0.05, hi=0.05, metric="reid"),
+             dict(p=0.3, n=5, lo=-0.05, hi=0.05, metric="target_acc"),
+             dict(p=0.4, n=5, lo=-0.01, hi=0.01, metric="target_acc")]   # Holm: 0.02, 0.08, 0.6, 0.6, 0.6
+    assert [c["call"] for c in S.holm_calls(comps)] == \
+        ["borderline", "borderline", "not distinguishable", "inconclusive", "not distinguishable"]
+    # the flip of issue 32's replicate check: a large, one-signed difference whose Holm p is 0.15 is not a firm "equal"
+    rng = np.random.default_rng(3)
+    c = S.compare(rng.normal(-0.43, 0.1, 5), metric="label_acc")
+    assert c["hi"] < -0.1 and S.holm_calls([c] + [dict(p=0.001, n=5, lo=0, hi=0, metric="")] * 150)[0]["call"] in \
+        ("distinguishable", "borderline", "inconclusive")
 
 
 # ---------------------------------------------------------------- PSNR beside re-identification; Δ within range

@@ -10,14 +10,14 @@ from .image import (
     reidentified, ssim, success_rate,
 )
 from .membership import (
-    auc, balanced_accuracy, chance, existence_f1, relative_error, resolvable, roc, tpr_at_fpr,
+    auc, balanced_accuracy, chance, existence_f1, relative_error, resolvable, roc, tpr_at_fpr, tpr_interval,
 )
 
 __all__ = [
     "registry", "stats",
     "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate", "match_batch",
     "matched_psnr", "label_count_accuracy", "aligned_mse", "reidentified",
-    "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "existence_f1",
+    "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "existence_f1",
     "relative_error",
     "clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps", "one_run_eps_fdp", "gaussian_sigma",
 ]

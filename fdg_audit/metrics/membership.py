@@ -66,6 +66,28 @@ def tpr_at_fpr(scores, labels, fpr, ties: str = "step"):
     return float(t[f <= fpr + 1e-12].max())
 
 
+def tpr_interval(scores, labels, groups, fpr, ties: str = "step", b: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of ``tpr_at_fpr`` under the cluster bootstrap: ``b`` times, draw as many target models
+    (``groups``, one per candidate) with replacement as the pool has, with all their candidates. Candidates of one
+    model share its calibration and its training, so they are resampled together; (nan, nan) where the TPR itself is
+    not measurable. A replicate that draws no member or no non-member is skipped."""
+    s, y = _check(scores, labels)
+    if not np.isfinite(tpr_at_fpr(s, y, fpr, ties)):
+        return float("nan"), float("nan")
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    order = np.argsort(g, kind="stable")
+    starts = np.searchsorted(g[order], np.arange(g.max() + 2))
+    rng, vals = np.random.default_rng(seed), []
+    for pick in rng.integers(0, g.max() + 1, (b, g.max() + 1)):
+        idx = order[np.concatenate([np.arange(starts[k], starts[k + 1]) for k in pick])]
+        if 0 < y[idx].sum() < len(idx) and resolvable(int((y[idx] == 0).sum()), fpr):
+            vals.append(tpr_at_fpr(s[idx], y[idx], fpr, ties))
+    if not vals:
+        return float("nan"), float("nan")
+    return tuple(float(v) for v in np.quantile(vals, [(1 - level) / 2, (1 + level) / 2]))
+
+
 MIN_POOL = 500   # members and non-members each: below this a membership cell is "not resolvable"
 
 
@@ -224,7 +246,7 @@ def relative_error(est, true):
 
 
 __all__ = [
-    "roc", "auc", "resolvable", "tpr_at_fpr", "balanced_accuracy", "chance", "MIN_POOL", "hanley_mcneil_se",
+    "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "MIN_POOL", "hanley_mcneil_se",
     "min_detectable_auc", "calibrate", "auc_ci", "victim_spread", "blind_features", "blind_scores", "blind_auc",
     "existence_f1", "relative_error",
 ]

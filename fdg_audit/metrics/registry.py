@@ -109,6 +109,23 @@ def harm_of(metric: str) -> str:
     return info(metric).harm
 
 
+# The smallest difference between two methods that matters, per metric (``margin``): a firm "not distinguishable"
+# (fdg_audit.metrics.stats.call) needs the whole 95% interval of the difference inside ±margin, so that it claims
+# "they differ by less than this", not "we found nothing". Accuracy: two points of held-out accuracy, the size of the
+# gains FedDG papers report; a rate of images, labels or victims: a tenth of them; membership AUC: 0.05 (the
+# distance from chance at which audits start to call a leak); a dataset size's relative error: a quarter; PSNR:
+# 1 dB; SSIM: 0.05. A metric of another unit has no margin, so its differences never get the firm "equal" call.
+MARGINS = {"target_acc": 0.02, "auc": 0.05, "n_samples_rel_error": 0.25, "psnr": 1.0, "psnr_plain": 1.0,
+           "psnr_max": 1.0, "ssim": 0.05}
+
+
+def margin(metric: str) -> float:
+    """The margin of ``metric`` (``MARGINS``; a fraction without its own: 0.1; else NaN: no margin)."""
+    if metric in MARGINS:
+        return MARGINS[metric]
+    return 0.1 if metric in METRICS and info(metric).unit == "fraction" else math.nan
+
+
 def card_metrics(harm: str) -> tuple[str, ...]:
     """The metrics that score ``harm`` in the scorecard, in registry order."""
     return tuple(m.name for m in METRICS.values() if m.card and m.harm == harm)

@@ -19,11 +19,17 @@ across-run interval: its interval is the item bootstrap (percentiles of 2000 rep
 caller, and a difference on fewer than ``MIN_RUNS`` runs is "not testable".
 
 Calls (``compare``, ``holm``; ``call``): on the two-sided t-test p-value, Holm-adjusted over the family of
-comparisons a report makes (``holm``), a difference is "distinguishable" below ``FIRM`` (0.01), "borderline" from
-``FIRM`` up to ``LOOSE`` (0.1), and "not distinguishable" from ``LOOSE`` on. Only the first and the last are firm
-claims: a fresh clone on another machine moved adjusted p-values of 0.03 to 0.065 (issue 32), so a call between 0.01
-and 0.1 can flip under any perturbation, and bench/replicate.py checks that the firm ones hold. ``signflip_p`` is the
-exact sign-flip test of the same differences, printed beside it.
+comparisons a report makes (``holm``), a difference is "distinguishable" below ``FIRM`` (0.01) and "borderline" from
+``FIRM`` up to ``LOOSE`` (0.1). From ``LOOSE`` on it is "not distinguishable" only when its 95% interval also holds
+0 and lies inside ±the metric's margin (fdg_audit.metrics.registry.margin: the smallest difference that matters),
+i.e. the data show no difference and rule out one that matters; otherwise it is "inconclusive" (the interval still
+reaches a difference that matters, or leaves out 0 before the Holm adjustment, so that another seed set may well
+make it distinguishable). "distinguishable" and "not distinguishable" are the firm claims. Why both
+rules: a fresh clone on another machine moved adjusted p-values of 0.03 to 0.065 (issue 32), so a call between 0.01
+and 0.1 can flip under any perturbation; and a difference of −0.43 [−0.60, −0.25] at Holm p 0.15 (one of 112
+comparisons) was called "not distinguishable" in one seed set and "distinguishable" (p 0.003) in another, because a
+large p says only that the test had too little power, not that the methods are alike. bench/replicate.py checks that
+the firm calls hold. ``signflip_p`` is the exact sign-flip test of the same differences, printed beside it.
 
 Cross-fitted selection (``crossfit``): several candidates (attack x artifact x output variant x round, each over
 every victim of a run) measure the same harm in a cell; the maximum over them is biased upwards. Each item is
@@ -39,11 +45,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .registry import margin as margin_of
+
 LEVEL = 0.95
 N_BOOT = 2000
 MIN_RUNS = 3      # below this many paired runs a difference is "not testable"
 FIRM, LOOSE = 0.01, 0.1   # Holm-adjusted p below FIRM: distinguishable; in [FIRM, LOOSE): borderline (module doc)
-FIRM_CALLS = ("distinguishable", "not distinguishable")
+FIRM_CALLS = ("distinguishable", "not distinguishable")   # the others: borderline, inconclusive, not testable
+CALLS_TEXT = ("Calls on the Holm-adjusted p: distinguishable below 0.01; borderline from 0.01 to 0.1 (not a firm "
+              "claim); from 0.1 on, not distinguishable when the 95% interval holds 0 and lies inside ± the metric's "
+              "margin (the smallest difference that matters: 0.02 of accuracy, 0.1 of a rate, 0.05 of AUC; "
+              "fdg_audit/metrics/registry.py), else inconclusive (not a firm claim: the interval still reaches a "
+              "difference that matters, or leaves out 0); below 3 paired runs, not testable.")
 
 
 @dataclass
@@ -187,26 +200,35 @@ def holm(pvalues) -> list[float]:
     return out.tolist()
 
 
-def compare(diffs, conf: float = LEVEL, strata=None) -> dict:
-    """A paired difference over runs: mean, Student-t interval, number of runs, t-test and sign-flip p-values,
-    and the unadjusted call ("not testable" below MIN_RUNS runs). Adjust a family's calls with ``holm_calls``."""
+def compare(diffs, conf: float = LEVEL, strata=None, metric: str = "") -> dict:
+    """A paired difference over runs of ``metric``: mean, Student-t interval, number of runs, t-test and sign-flip
+    p-values, and the unadjusted call ("not testable" below MIN_RUNS runs; without a metric, never "not
+    distinguishable"). Adjust a family's calls with ``holm_calls``."""
     m, lo, hi, n = t_interval(diffs, conf, strata)
     p = t_test_p(diffs, strata) if n >= MIN_RUNS else float("nan")
-    return dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), call=call(p, n))
+    out = dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), metric=metric)
+    return out | dict(call=call(p, n, lo, hi, margin_of(metric) if metric else float("nan")))
 
 
-def call(p: float, n: int) -> str:
-    """The call on an adjusted p-value of n paired runs (module doc): "not testable" below MIN_RUNS runs or
-    without a p-value, "distinguishable" below FIRM, "borderline" below LOOSE, else "not distinguishable"."""
+def call(p: float, n: int, lo: float = float("nan"), hi: float = float("nan"), margin: float = float("nan")) -> str:
+    """The call on an adjusted p-value of n paired runs whose difference has the 95% interval [lo, hi] (module doc):
+    "not testable" below MIN_RUNS runs or without a p-value, "distinguishable" below FIRM, "borderline" below LOOSE,
+    "not distinguishable" when [lo, hi] holds 0 and lies inside ±margin, else "inconclusive"."""
     if n < MIN_RUNS or not np.isfinite(p):
         return "not testable"
-    return "distinguishable" if p < FIRM else "borderline" if p < LOOSE else "not distinguishable"
+    if p < FIRM:
+        return "distinguishable"
+    if p < LOOSE:
+        return "borderline"
+    return "not distinguishable" if -margin < lo <= 0 <= hi < margin else "inconclusive"
 
 
 def holm_calls(comparisons: list[dict], conf: float = LEVEL) -> list[dict]:
-    """The comparisons with ``p_holm`` (Holm over the testable ones) and their calls made on it."""
+    """The comparisons (``compare``'s dicts, each with its ``metric``) with ``p_holm`` (Holm over the testable ones)
+    and their calls made on it."""
     adj = holm([c["p"] for c in comparisons])
-    return [c | dict(p_holm=a, call=call(a, c["n"])) for c, a in zip(comparisons, adj)]
+    return [c | dict(p_holm=a, call=call(a, c["n"], c["lo"], c["hi"], margin_of(c["metric"]) if c.get("metric")
+                                         else float("nan"))) for c, a in zip(comparisons, adj)]
 
 
 def estimate(runs: list[Items], seed: int = 0) -> tuple[float, float, float]:
@@ -219,11 +241,11 @@ def estimate(runs: list[Items], seed: int = 0) -> tuple[float, float, float]:
     return (float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan"),) + interval(boot(runs, seed=seed))
 
 
-def paired(a: list[Items], f: list[Items], seed: int = 0) -> dict:
+def paired(a: list[Items], f: list[Items], seed: int = 0, metric: str = "") -> dict:
     """``compare`` of the per-run differences of a's metric minus f's (paired runs); one pair: the item
     bootstrap interval of the difference, "not testable"."""
     d = np.array([x.stat() - y.stat() for x, y in zip(a, f)], float)
-    out = compare(d)
+    out = compare(d, metric=metric)
     if out["n"] == 1:
         rng = np.random.default_rng(seed)
         (x, y), = [(x, y) for x, y in zip(a, f) if np.isfinite(x.stat() - y.stat())]
@@ -231,10 +253,10 @@ def paired(a: list[Items], f: list[Items], seed: int = 0) -> dict:
     return out
 
 
-def paired_values(a: np.ndarray, f: np.ndarray, strata: np.ndarray | None = None) -> dict:
+def paired_values(a: np.ndarray, f: np.ndarray, strata: np.ndarray | None = None, metric: str = "") -> dict:
     """``compare`` of paired per-unit values (e.g. accuracy per (target, seed)), stratified by ``strata``
     (targets): the mean over targets of the mean difference."""
-    return compare(np.asarray(a, float) - np.asarray(f, float), strata=strata)
+    return compare(np.asarray(a, float) - np.asarray(f, float), strata=strata, metric=metric)
 
 
 def half(ids: np.ndarray, salt: int = 0) -> np.ndarray:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..store.ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
+from ..metrics.stats import CALLS_TEXT
 from . import compare as CMP
 from . import curves as CV
 from . import plots as P
@@ -211,8 +212,8 @@ def _scorecard_md(res, card) -> list[str]:
           "over the runs' values (one run: the bootstrap over its items; fdg_audit/metrics/stats.py). "
           f"**Δ {ref}**: this cell minus the cell of the scenario's reference method ({ref}; column `reference` of "
           "scorecard.csv), paired by target and seed: the leakage (or accuracy) a method adds beyond the reference, "
-          "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of the scorecard (below "
-          "3 runs: not testable; distinguishable below 0.01, borderline up to 0.1); only between cells of the same "
+          "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of the scorecard ("
+          + CALLS_TEXT + "); only between cells of the same "
           "attack, prior and budget (columns prior, budget) that both beat their baselines. A value that does not "
           "beat its own baseline reads \"no reconstruction at "
           "this budget\" (or \"not above baseline\"; \"vacuous\" when the baseline is already perfect, e.g. a "

@@ -15,7 +15,8 @@
   over the cell's runs (targets x seeds) and victims. The pool's size is reported (members, non-members), with the
   smallest AUC a one-sided test against 0.5 detects at that size (alpha 0.05, power 0.8, Hanley-McNeil variance;
   ``metrics.membership.min_detectable_auc``). Below ``MIN_POOL`` of either the cell is "not resolvable". TPR at 1 % and
-  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members. Calibrated
+  0.1 % FPR are read off the pooled ROC only where the pool holds >= 100 and >= 1000 non-members, each with its 95%
+  interval from the cluster bootstrap over target models (``metrics.membership.tpr_interval``). Calibrated
   quantiles of models with few candidates tie across models (6 non-members per model take 6 values), so no threshold
   may reach the FPR: the TPR is then that of random tie-breaking at exactly that FPR (the ROC interpolated), where
   the step rule would read the TPR at FPR 0. Beside the pool, its spread over victims (``spread``): the median and
@@ -130,6 +131,8 @@ def pool(sel: dict) -> dict:
                _resolvable=min(n1, n0) >= MM.MIN_POOL)
     for f in TPR_AT:   # ties no threshold splits: random tie-breaking (module doc)
         out[f"tpr@{f:g}fpr"] = _fmt(MM.tpr_at_fpr(x, y, f, ties="interpolate") if n1 and n0 else NAN)
+        lo, hi = MM.tpr_interval(x, y, models, f, ties="interpolate") if n1 and n0 else (NAN, NAN)
+        out |= {f"tpr@{f:g}fpr_ci_low": _fmt(lo), f"tpr@{f:g}fpr_ci_high": _fmt(hi)}
     return out
 
 

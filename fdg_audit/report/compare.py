@@ -10,9 +10,10 @@ reconstruction); a pair whose chosen metrics differ in a run is not compared in 
 Each difference is A − B of the per-run values (held-out target x seed, the runs of both methods paired by target and
 seed), with its Student-t interval stratified by target; held-out accuracy is compared the same way. One family of
 tests: Holm over every comparison here (accuracy and leakage), called by ``stats.call`` (distinguishable /
-borderline / not distinguishable). A membership difference where either pool is below the resolvable size is
-printed with the call "not resolvable" and left out of the family. When one of the two is the scenario's reference
-method, B is the reference. Intervals are cut to the range of a difference of the metric (``scorecard.cut_diff``).
+borderline / not distinguishable / inconclusive). A membership difference where either pool is below the resolvable
+size is printed with the call "not resolvable" and left out of the family. When one of the two is the scenario's
+reference method, B is the reference. Intervals are cut to the range of a difference of the metric
+(``scorecard.cut_diff``).
 
 The scorecard shows each method's comparison with the reference in a row of its own (``any_channel_rows``, setting
 "any channel"), so computed once per Results (``res.cache``) and read by both.
@@ -55,9 +56,10 @@ def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role:
     if not pairs:
         return None
     d = np.array([x["items"].stat() - y["items"].stat() for _, x, y in pairs], float)
-    c = S.compare(d, strata=[t for t, _, _ in pairs]) if len(pairs) > 1 else \
-        S.paired([x["items"] for _, x, _ in pairs], [y["items"] for _, _, y in pairs])
-    c = SC.cut_diff(c, pairs[0][1]["chosen"]["metric"])
+    metric = pairs[0][1]["chosen"]["metric"]
+    c = S.compare(d, strata=[t for t, _, _ in pairs], metric=metric) if len(pairs) > 1 else \
+        S.paired([x["items"] for _, x, _ in pairs], [y["items"] for _, _, y in pairs], metric=metric)
+    c = SC.cut_diff(c, metric)
     cell = {(r["dataset"], r["method"], r["variant"], r["harm"], r["adversary"], r["setting"]): r for r in card}
     unres = any(str(cell.get(g + (harm, role, setting), {}).get("reading", "")).startswith("not resolvable")
                 for g in (a, b))
@@ -86,7 +88,7 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
             common = sorted(set(acc.get(a, {})) & set(acc.get(b, {})))
             if common:
                 d = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
-                                    np.array([k[0] for k in common]))
+                                    np.array([k[0] for k in common]), "target_acc")
                 out.append(SC.cut_diff(d, "target_acc") | dict(harm="accuracy", adversary="", setting="",
                                                                metric="target_acc", ga=a, gb=b))
             for harm, role, setting in cells:
@@ -152,7 +154,6 @@ def between_md(comps: list[dict]) -> list[str]:
             "Per family, harm and adversary: each method's scorecard cell (the strongest non-oracle attack over every "
             "channel it sends, cross-fitted on halves of the items) minus another method's, paired by target and "
             "seed, 95% Student-t interval; p Holm-adjusted over every comparison between methods of this report "
-            "(accuracy included). Calls: distinguishable p < 0.01, borderline 0.01 <= p < 0.1 (not a firm claim), not "
-            "distinguishable p >= 0.1 (fdg_audit/metrics/stats.py). comparisons.csv has these rows.", "",
+            "(accuracy included). " + S.CALLS_TEXT + " comparisons.csv has these rows.", "",
             md_table(["family", "harm", "adversary", "metric", "A (attack on channel)", "B (attack on channel)",
                       "A − B [95% CI]", "n", "p (Holm)", "call"], body), ""]

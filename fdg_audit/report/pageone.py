@@ -6,7 +6,7 @@ and report.html and closing the terminal output.
   family's clients have fixed sizes, the sizes whose interval clears the baseline's, per channel (size curve); the
   other harms measured above baseline (cells whose whole interval clears their baseline's, ``verdict.clears``), with
   their channel and adversary; the leakage differences between methods whatever the channel and the held-out
-  accuracy per method, each with the distinguishable or borderline differences (paired by seed, Holm); bytes sent
+  accuracy per method, with every difference between two methods and its call (paired by seed, Holm); bytes sent
   per run.
 * The method x harm matrix (``matrix``): per family and method, each harm's main cell (the strongest attack over
   every channel; of the adversaries' cells the one that clears its baseline by most, the server's on a tie): value
@@ -166,10 +166,9 @@ def _others(card: list[dict], fam: str) -> str:
 
 def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
     acc = [r for r in card if r["dataset"] == fam and r["harm"] == "accuracy" and not r.get("setting")]
-    calls = [c for c in comps if c["harm"] == "accuracy" and c["ga"][0] == fam
-             and c["call"] in ("distinguishable", "borderline")]
+    calls = [c for c in comps if c["harm"] == "accuracy" and c["ga"][0] == fam]
     diff = _join([f"{c['ga'][1]} − {c['gb'][1]} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
-                  for c in calls], "no difference distinguishable or borderline")
+                  for c in calls], "no paired runs to compare")
     return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}" for r in acc) + f" ({diff})"
 
 

@@ -79,7 +79,8 @@ FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "setting", "adversa
           "capabilities", "assumes", "psnr", "psnr_ci_low", "psnr_ci_high", "baseline_psnr", "success_20dB",
           "success_20dB_ci_low", "success_20dB_ci_high", "baseline_success_20dB", "success_25dB", "success_ci_low",
           "success_ci_high", "baseline_success_25dB", "median", "median_ci_low", "median_ci_high", "baseline_median",
-          "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.001fpr",
+          "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.01fpr_ci_low",
+          "tpr@0.01fpr_ci_high", "tpr@0.001fpr", "tpr@0.001fpr_ci_low", "tpr@0.001fpr_ci_high",
           "victim_auc_median", "victim_auc_min", "victim_auc_max", "victims_clear", "control",
           "selection", "n_runs", "n_items", "converged"]
 
@@ -141,7 +142,8 @@ def _accuracy_rows(res: T.Results, ref, base_row) -> list[dict]:
         if common:
             row["reference"] = res.label(f)
             row["_d"] = S.paired_values(np.array([acc[g][k] for k in common]),
-                                        np.array([acc[f][k] for k in common]), np.array([k[0] for k in common]))
+                                        np.array([acc[f][k] for k in common]), np.array([k[0] for k in common]),
+                                        "target_acc")
         rows.append(row)
     return rows
 
@@ -174,10 +176,10 @@ def _leakage_rows(res: T.Results, ref, base_row) -> list[dict]:
         common = [(tag(r)[0], s["items"], fr[tag(r)]["items"]) for r, s in chosen[key].items()   # where both chose
                   if tag(r) in fr and terms(s) == terms(fr[tag(r)])]      # the same attack, prior and budget
         if common:
-            d = np.array([a.stat() - b.stat() for _, a, b in common], float)
+            d, metric = np.array([a.stat() - b.stat() for _, a, b in common], float), row["metric"].split("|")[0]
             row |= dict(reference=res.label(f), _unresolved=not (row["_resolvable"] and frow["_resolvable"]),
-                        _d=S.compare(d, strata=[t for t, _, _ in common]) if len(common) > 1 else
-                        S.paired([a for _, a, _ in common], [b for _, _, b in common]))
+                        _d=S.compare(d, strata=[t for t, _, _ in common], metric=metric) if len(common) > 1 else
+                        S.paired([a for _, a, _ in common], [b for _, _, b in common], metric=metric))
     return rows
 
 

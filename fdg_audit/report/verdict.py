@@ -2,6 +2,7 @@
 scorecard.csv), and the list of which accuracy differences between methods are real."""
 from __future__ import annotations
 
+from ..metrics.stats import CALLS_TEXT
 from ..metrics.registry import info
 from .formatting import ci, md_text, num
 from .scorecard import again
@@ -59,11 +60,13 @@ def side(r: dict) -> str:
                 f"{_pm(r, 'median', 1, ' dB')} (baseline {num(r['baseline_median']):.1f} dB)")
     if r.get("pool_members") not in ("", None):
         v = lambda k: "n/a" if num(r[k]) != num(r[k]) else f"{num(r[k]):.3f}"  # noqa: E731
+        tpr = lambda f: v(f"tpr@{f}fpr") + ("" if v(f"tpr@{f}fpr_ci_low") == "n/a" else  # noqa: E731
+                                              f" [{v(f'tpr@{f}fpr_ci_low')}, {v(f'tpr@{f}fpr_ci_high')}]")
         per = "" if not r.get("victims_clear") else (
             f"; per victim AUC median {v('victim_auc_median')} (range {v('victim_auc_min')}-{v('victim_auc_max')}), "
             f"{r['victims_clear']} victims clear their baseline")
         return (f"pool {r['pool_members']} members / {r['pool_nonmembers']} non-members, smallest detectable AUC "
-                f"{v('min_auc')}; TPR@1%FPR {v('tpr@0.01fpr')}, TPR@0.1%FPR {v('tpr@0.001fpr')}" + per)
+                f"{v('min_auc')}; TPR@1%FPR {tpr('0.01')}, TPR@0.1%FPR {tpr('0.001')}" + per)
     return ""
 
 
@@ -76,16 +79,17 @@ def _method(rows: list[dict], reference: str, is_ref: bool) -> str:
     out = ["Measured above baseline (the whole 95% interval beyond the baseline's, no control failed): "
            + "; ".join(above) + "." if above else "No harm is measured above its baseline at these budgets."]
     calls = {c: [r for r in leak if r["diff_call"] == c] for c in ("distinguishable", "borderline",
-                                                                   "not distinguishable")}
+                                                                   "not distinguishable", "inconclusive")}
     for c, say in (("distinguishable", "Distinguishable from"), ("borderline", "Borderline (not a firm claim) "
                                                                               "against")):
         if calls[c]:
             out.append(f"{say} {reference} (Holm-adjusted): " + "; ".join(
                 f"{_cell(r)} Δ {ci(dict(r, diff_call=''), 'diff_ref')} (n = {r['diff_n']}, "
                 f"p = {num(r['diff_p_holm']):.3g})" for r in calls[c]) + ".")
-    if calls["not distinguishable"]:
-        out.append(f"Not distinguishable from {reference}: "
-                   + ", ".join(map(_cell, calls["not distinguishable"])) + ".")
+    for c, say in (("not distinguishable", "Not distinguishable from"), ("inconclusive", "Inconclusive (neither "
+                                                                          "a difference nor its absence) against")):
+        if calls[c]:
+            out.append(f"{say} {reference}: " + ", ".join(map(_cell, calls[c])) + ".")
     unresolved = [f"{_cell(r)}: not measurable (a control failed)" for r in leak if r["control"] == "failed"]
     unresolved += [f"{_cell(r)}: {r['reading']}" for r in leak if r.get("reading")]
     unresolved += [f"{_cell(r)}: its interval reaches the baseline's" for r in leak
@@ -110,9 +114,8 @@ def verdict_md(res, card: list[dict]) -> list[str]:
     ref = res.reference or "the reference"
     md = ["", "## Verdict", "",
           f"From the scorecard below: Δ is the paired difference to {ref} (the scenario's reference method) between "
-          "cells of the same attack. Calls on the Holm-adjusted p: distinguishable below 0.01, borderline from 0.01 "
-          "to 0.1 (not a firm claim: such calls flip between seed sets and machines), not distinguishable from 0.1 "
-          "on. \"No reconstruction at this budget\" is no evidence of safety at a larger one.", ""]
+          "cells of the same attack. " + CALLS_TEXT + " \"No reconstruction at this budget\" is no evidence of "
+          "safety at a larger one.", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
         md += [f"### {md_text(ds, 120)}", ""] if len({r["dataset"] for r in card}) > 1 else []
         mine = [r for r in card if r["dataset"] == ds and not again(r)]   # its Δ: "Between methods"
@@ -135,8 +138,7 @@ def differences_md(comps: list[dict]) -> list[str]:
           "Paired by held-out target and seed: the mean over targets of the difference of held-out accuracy, its "
           "95% Student-t interval (stratified by target) and n, the number of paired runs; p is the t-test's "
           f"p-value Holm-adjusted over the {len(comps)} comparisons between methods of this report (accuracy and "
-          "leakage, section \"Between methods\"). Distinguishable: adjusted p < 0.01; borderline: 0.01 <= p < 0.1 "
-          "(not a firm claim); not distinguishable: p >= 0.1; below 3 paired runs a difference is not testable.", ""]
+          "leakage, section \"Between methods\"). " + CALLS_TEXT, ""]
     for ds in dict.fromkeys(d["dataset"] for d in diffs):
         rs = [d for d in diffs if d["dataset"] == ds]
         say = lambda call: "; ".join(  # noqa: E731
@@ -144,7 +146,7 @@ def differences_md(comps: list[dict]) -> list[str]:
             f"p = {d['p_holm']:.3g})" if call != "not testable" else f"{d['a']} − {d['b']} (n = {d['n']})"
             for d in rs if d["call"] == call) or "none"
         md += [md_text(f"{ds}: distinguishable: {say('distinguishable')}. Borderline: {say('borderline')}. "
-                       f"Not distinguishable: {say('not distinguishable')}."
+                       f"Not distinguishable: {say('not distinguishable')}. Inconclusive: {say('inconclusive')}."
                        + (f" Not testable: {say('not testable')}." if any(d["call"] == "not testable" for d in rs)
                           else ""), 20000)]
     return md[:4] + [f"- {line}" for line in md[4:]] + [""]
