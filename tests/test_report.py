@@ -257,6 +257,8 @@ def test_report_files_relative_links_privacy_roc_and_grids(tmp_path):
     mia = T.membership_scores(T.load([root]))["loss"]
     d = mia[(("digits", "fedavg", ""), "loss")]
     assert len(d["scores"]) == 6 * 100 and len(d["models"]) == 6 and d["labels"].sum() == 300
+    # calibrated within each target model as the scorecard's pool (mid-rank quantiles of 100 candidates)
+    assert np.allclose(np.sort(d["scores"][:100]), (np.arange(100) + 0.5) / 100)
 
 
 def test_aggregates_several_folders_and_later_duplicates_win(tmp_path):

@@ -228,8 +228,9 @@ def _roc_curves(pooled: dict) -> list[tuple]:
 
 def roc(res: T.Results, out: Path) -> list[str]:
     """Log-log ROC per membership attack (as ML Privacy Meter draws it): per method its strongest output variant, at
-    most MAX_CURVES curves, AUC and TPR at 1% and 0.1% FPR in the legend; scores pooled over each method's runs and
-    victims; the dashed grey diagonal is random guessing."""
+    most MAX_CURVES curves, AUC and TPR at 1% and 0.1% FPR in the legend (ties broken at random, as the scorecard's);
+    scores calibrated within each target model and pooled over each method's runs and victims
+    (``tables.membership_scores``); the dashed grey diagonal is random guessing."""
     files, col = [], colors(res)
     for attack, pooled in T.membership_scores(res).items():
         curves = _roc_curves(pooled)
@@ -243,7 +244,7 @@ def roc(res: T.Results, out: Path) -> list[str]:
             fpr, tpr, _ = M.roc(s, y)
             n0 = int((y == 0).sum())
             lo = min(lo, 1 / n0)
-            t = [M.tpr_at_fpr(s, y, f) if n0 >= 1 / f else float("nan") for f in (0.01, 0.001)]
+            t = [M.tpr_at_fpr(s, y, f, ties="interpolate") if n0 >= 1 / f else float("nan") for f in (0.01, 0.001)]
             tx = ["n/a" if math.isnan(v) else f"{v:.3f}" for v in t]
             name = res.label(g) + ("" if var == "main" else f" ({var})")
             ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], lw=1.6,
@@ -256,8 +257,9 @@ def roc(res: T.Results, out: Path) -> list[str]:
         ax.set_ylim(lo / 2, 1.3)
         ax.set_xlabel("false positive rate (log scale)")
         ax.set_ylabel("true positive rate (log scale)")
-        ax.set_title(f"{attack}: membership ROC, strongest variant per method (last round attacked), pooled over\n"
-                     "runs and victims; rates below 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
+        ax.set_title(f"{attack}: membership ROC, strongest variant per method (last round attacked), scores\n"
+                     "calibrated within each target model and pooled over runs and victims, as the scorecard's; "
+                     "rates\nbelow 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
         files.append(_save(fig, out, f"roc_{slug(attack)}.png"))

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..store.ledger import Ledger
+from ..metrics import membership as MM
 from ..metrics.registry import stronger
 from ..store.runfolder import RunFolder
 from .formatting import clean, num
@@ -229,8 +230,9 @@ def leakage_table(res: Results) -> list[dict]:
 
 def membership_scores(res: Results) -> dict:
     """{attack: {(group, output variant): dict(scores, labels, models)}} from mia/<attack>/<run>.npz: per run,
-    victim and variant the scores of the last round attacked (the final model), pooled over the group's runs
-    and victims (``models``: the (run, victim) pairs pooled)."""
+    victim and variant the scores of the last round attacked (the final model), calibrated within their target
+    model as the scorecard's pool is (``metrics.membership.calibrate``), pooled over the group's runs and victims
+    (``models``: the (run, victim) pairs pooled)."""
     gof = res.group_of()
     out = defaultdict(lambda: defaultdict(lambda: dict(scores=[], labels=[], models=set())))
     for m in res.mia:
@@ -245,7 +247,7 @@ def membership_scores(res: Results) -> dict:
             sel = (victim == v) & (variant == var)
             sel &= rnd == rnd[sel].max()
             d = out[m["attack"]][(gof[m["run"]], var or "main")]
-            d["scores"].append(s[sel])
+            d["scores"].append(MM.calibrate(s[sel], np.zeros(int(sel.sum()))))
             d["labels"].append(y[sel])
             d["models"].add((m["run"], v))
     return {a: {k: dict(scores=np.concatenate(d["scores"]), labels=np.concatenate(d["labels"]).astype(int),
