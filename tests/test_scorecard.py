@@ -779,3 +779,23 @@ def test_a_membership_cell_shows_its_spread_over_victims_against_each_victims_ow
     got = C.spread(sel, C.victim_index(leak))
     assert float(got["victim_auc_median"]) == pytest.approx(0.7) and float(got["victim_auc_min"]) == 0.55
     assert float(got["victim_auc_max"]) == 0.9 and got["victims_clear"] == "1/3"
+    # two outputs chosen in the run (one per half): each victim counts once, its AUC averaged over them, and it
+    # clears only if it clears under both (B and C do not; E, in the other output only, does)
+    leak += [row("B", "auc", 0.7, 0.5, "other"), row("B", "auc_ci_low", 0.45, 0.5, "other"),
+             row("C", "auc", 0.65, 0.5, "other"), row("C", "auc_ci_low", 0.55, 0.5, "other")]
+    sel["R"]["parts"].append((dict(attack="mia", artifact="weights", output="other", round=2), True))
+    got = C.spread(sel, C.victim_index(leak))
+    assert got["victims_clear"] == "1/4" and float(got["victim_auc_max"]) == pytest.approx(1.0)   # E alone clears
+    assert float(got["victim_auc_min"]) == pytest.approx(0.6)            # C: (0.55 + 0.65) / 2
+
+
+def test_tied_outputs_count_each_image_once():
+    """Tied outputs' items (the same images) merge by id into one value per image: the mean is that of the per-image
+    means, and the count is the number of images, not images x outputs; AUC scores stay side by side."""
+    ids = np.arange(6)
+    a, b = S.Items("mean", np.ones(6), ids=ids), S.Items("mean", np.zeros(6), ids=ids)
+    m = S.merge([a, b])
+    assert len(m) == 6 and np.allclose(m.x, 0.5) and m.stat() == pytest.approx(0.5)
+    assert len(S.merge([a.sub(ids < 3), b.sub(ids >= 3)])) == 6              # disjoint halves: every item kept
+    auc = S.Items("auc", np.arange(4.0), y=np.array([0, 1, 0, 1]), ids=np.arange(4))
+    assert len(S.merge([auc, auc])) == 8

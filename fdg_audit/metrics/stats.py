@@ -280,6 +280,18 @@ def concat(parts: list[Items]) -> Items:
     return Items(parts[0].kind, np.concatenate([np.asarray(p.x, float) for p in parts]), y, ids)
 
 
+def merge(parts: list[Items]) -> Items:
+    """Items of tied outputs (``crossfit``) as one: per item id the mean of their values, so that an image scored by
+    two tied outputs counts once; concatenated where an item has no id, and for "auc" (the scores of different outputs
+    are not on one scale)."""
+    it = concat(parts)
+    if len(parts) == 1 or it.ids is None or it.kind == "auc":
+        return it
+    ids, first, inv = np.unique(it.ids, return_index=True, return_inverse=True)
+    x = np.bincount(inv, weights=np.asarray(it.x, float)) / np.bincount(inv)
+    return Items(it.kind, x, None if it.y is None else np.asarray(it.y)[first], ids)
+
+
 def part(it: Items, salt: int, h: bool | None) -> Items:
     """The items of ``it`` on half ``h`` (False = A, True = B; ``half`` of their ids, positions without ids) salted by
     ``salt``; all of them for None."""

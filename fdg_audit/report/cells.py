@@ -94,9 +94,9 @@ def recon_side(sel: dict, side: dict, seed: int = 0) -> dict:
             continue
         salt = [s["salt"] for s in sel.values()]
         mi = info(metric)
-        m, lo, hi = _summary([S.concat([S.part(g[0], t, h) for g, h in ps]) for ps, t in zip(got, salt)],
+        m, lo, hi = _summary([S.merge([S.part(g[0], t, h) for g, h in ps]) for ps, t in zip(got, salt)],
                              mi.lo, mi.hi, seed)
-        b = [S.concat([S.part(g[1], t, h) for g, h in ps]).stat() for ps, t in zip(got, salt)
+        b = [S.merge([S.part(g[1], t, h) for g, h in ps]).stat() for ps, t in zip(got, salt)
              if all(g[1] is not None for g, _ in ps)]
         out |= {col: _fmt(m), f"{ci}_ci_low": _fmt(lo), f"{ci}_ci_high": _fmt(hi),
                 f"baseline_{col}": _fmt(float(np.nanmean(b)) if len(b) == len(got) else NAN)}
@@ -137,7 +137,7 @@ def pool(sel: dict) -> dict:
 
 
 def victim_index(leakage: list[dict]) -> dict:
-    """{(run, attack, artifact, output, round): [(auc, its 95% low end, baseline)] per victim} of leakage.csv's
+    """{(run, attack, artifact, output, round): [(victim, auc, its 95% low end, baseline)]} of leakage.csv's
     per-victim membership rows (victim "pooled" left out)."""
     rows = {}
     for r in leakage:
@@ -147,22 +147,28 @@ def victim_index(leakage: list[dict]) -> dict:
     out = {}
     for k, m in rows.items():
         if "auc" in m and "auc_ci_low" in m:
-            out.setdefault(k[:5], []).append((m["auc"][0], m["auc_ci_low"][0], m["auc"][1]))
+            out.setdefault(k[:5], []).append((k[5], m["auc"][0], m["auc_ci_low"][0], m["auc"][1]))
     return out
 
 
 def spread(sel: dict, index: dict) -> dict:
     """How a membership cell spreads over its victims (module doc): per victim of every run, the AUC of the outputs
-    the cell chose there (``sel[run]["parts"]``); victim_auc_median, victim_auc_min, victim_auc_max, and
-    victims_clear: "k/n" victims whose own 95% interval lies wholly above their baseline (max(0.5, blind AUC))."""
-    got = [v for run, s in sel.items() for c in dict.fromkeys(
-        (c["attack"], c["artifact"], c["output"], int(c["round"])) for c, _ in s.get("parts", ()))
-        for v in index.get((run,) + c, [])]
-    if not got:
+    the cell chose there (``sel[run]["parts"]``: one or two outputs per run, one per half, more on a tie), averaged
+    over those outputs so that each victim counts once; victim_auc_median, victim_auc_min, victim_auc_max, and
+    victims_clear: "k/n" victims whose own 95% interval lies wholly above their baseline (max(0.5, blind AUC)) for
+    every output chosen for them."""
+    per = {}
+    for run, s in sel.items():
+        chosen = dict.fromkeys((c["attack"], c["artifact"], c["output"], int(c["round"])) for c, _ in s.get("parts", ()))
+        for c in chosen:
+            for victim, auc, lo, base in index.get((run,) + c, []):
+                per.setdefault((run, victim), []).append((auc, lo > base))
+    if not per:
         return {}
-    a = np.array([g[0] for g in got])
+    a = np.array([np.mean([x for x, _ in v]) for v in per.values()])
+    clear = sum(all(c for _, c in v) for v in per.values())
     return dict(victim_auc_median=_fmt(float(np.median(a))), victim_auc_min=_fmt(float(a.min())),
-                victim_auc_max=_fmt(float(a.max())), victims_clear=f"{sum(lo > b for _, lo, b in got)}/{len(got)}")
+                victim_auc_max=_fmt(float(a.max())), victims_clear=f"{clear}/{len(per)}")
 
 
 def unresolved(p: dict) -> str:

@@ -192,9 +192,9 @@ def _select(per_run: dict, const: dict) -> dict:
     out = {}
     for run, ks in choice.items():
         parts = [(cands[run][k], h) for k, h in ks]
-        items = S.concat([S.part(c["items"], salts[run], h) for c, h in parts])
+        items = S.merge([S.part(c["items"], salts[run], h) for c, h in parts])
         if all(isinstance(c["base"], S.Items) for c, _ in parts):
-            base = S.concat([S.part(c["base"], salts[run], h) for c, h in parts])
+            base = S.merge([S.part(c["base"], salts[run], h) for c, h in parts])
         else:
             c = parts[0][0]
             base = const.get((run, c["attack"], c["artifact"], c["output"], c["metric"]), np.nan)
