@@ -246,7 +246,7 @@ def relative_error(est, true):
 
 
 __all__ = [
-    "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "MIN_POOL", "hanley_mcneil_se",
-    "min_detectable_auc", "calibrate", "auc_ci", "victim_spread", "blind_features", "blind_scores", "blind_auc",
+    "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "MIN_POOL",
+    "hanley_mcneil_se", "min_detectable_auc", "calibrate", "auc_ci", "victim_spread", "blind_features", "blind_scores", "blind_auc",
     "existence_f1", "relative_error",
 ]

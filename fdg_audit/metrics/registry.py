@@ -120,7 +120,8 @@ MARGINS = {"target_acc": 0.02, "auc": 0.05, "n_samples_rel_error": 0.25, "psnr":
 
 
 def margin(metric: str) -> float:
-    """The margin of ``metric`` (``MARGINS``; a fraction without its own: 0.1; else NaN: no margin)."""
+    """The margin of ``metric`` (``MARGINS``; a fraction without its own: 0.1; else, or no metric (""), NaN: no
+    margin)."""
     if metric in MARGINS:
         return MARGINS[metric]
     return 0.1 if metric in METRICS and info(metric).unit == "fraction" else math.nan

@@ -207,7 +207,7 @@ def compare(diffs, conf: float = LEVEL, strata=None, metric: str = "") -> dict:
     m, lo, hi, n = t_interval(diffs, conf, strata)
     p = t_test_p(diffs, strata) if n >= MIN_RUNS else float("nan")
     out = dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), metric=metric)
-    return out | dict(call=call(p, n, lo, hi, margin_of(metric) if metric else float("nan")))
+    return out | dict(call=call(p, n, lo, hi, margin_of(metric)))
 
 
 def call(p: float, n: int, lo: float = float("nan"), hi: float = float("nan"), margin: float = float("nan")) -> str:
@@ -227,8 +227,8 @@ def holm_calls(comparisons: list[dict], conf: float = LEVEL) -> list[dict]:
     """The comparisons (``compare``'s dicts, each with its ``metric``) with ``p_holm`` (Holm over the testable ones)
     and their calls made on it."""
     adj = holm([c["p"] for c in comparisons])
-    return [c | dict(p_holm=a, call=call(a, c["n"], c["lo"], c["hi"], margin_of(c["metric"]) if c.get("metric")
-                                         else float("nan"))) for c, a in zip(comparisons, adj)]
+    return [c | dict(p_holm=a, call=call(a, c["n"], c["lo"], c["hi"], margin_of(c.get("metric", ""))))
+            for c, a in zip(comparisons, adj)]
 
 
 def estimate(runs: list[Items], seed: int = 0) -> tuple[float, float, float]:
