@@ -169,6 +169,15 @@ def test_tpr_interval_covers_the_models_tpr_and_resamples_whole_models():
     clustered, flat = M.tpr_interval(s, y, g, 0.01, b=300), M.tpr_interval(s, y, np.arange(1200), 0.01, b=300)
     assert clustered[1] - clustered[0] > flat[1] - flat[0]
     assert all(math.isnan(v) for v in M.tpr_interval(s[:150], y[:150], g[:150], 0.01))
+    # the weighted cumulative sums give what drawing the models and reading each resample's ROC gives (tied scores,
+    # both tie rules)
+    s = np.round(s, 1)
+    for ties in ("step", "interpolate"):
+        picks = np.random.default_rng(2).integers(0, 60, (50, 60))
+        idx = [np.concatenate([np.flatnonzero(g == k) for k in p]) for p in picks]
+        direct = [M.tpr_at_fpr(s[i], y[i], 0.01, ties) for i in idx]
+        assert M.tpr_interval(s, y, g, 0.01, ties, b=50, seed=2) == pytest.approx(tuple(np.quantile(direct,
+                                                                                                    [0.025, 0.975])))
 
 
 def test_balanced_accuracy_and_friends():

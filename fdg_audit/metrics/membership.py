@@ -61,6 +61,11 @@ def tpr_at_fpr(scores, labels, fpr, ties: str = "step"):
     if not resolvable(int((y == 0).sum()), fpr):
         return float("nan")
     f, t, _ = roc_curve(y, s, drop_intermediate=False)
+    return _read(f, t, fpr, ties)
+
+
+def _read(f, t, fpr, ties):
+    """``tpr_at_fpr``'s reading of one empirical ROC (fpr ``f``, tpr ``t``, from (0, 0) up)."""
     if ties == "interpolate" and f[f > 0].min() > fpr + 1e-12:
         return float(np.interp(fpr, f, t))
     return float(t[f <= fpr + 1e-12].max())
@@ -71,18 +76,23 @@ def tpr_interval(scores, labels, groups, fpr, ties: str = "step", b: int = 1000,
     """Percentile interval of ``tpr_at_fpr`` under the cluster bootstrap: ``b`` times, draw as many target models
     (``groups``, one per candidate) with replacement as the pool has, with all their candidates. Candidates of one
     model share its calibration and its training, so they are resampled together; (nan, nan) where the TPR itself is
-    not measurable. A replicate that draws no member or no non-member is skipped."""
+    not measurable. A replicate that draws no member or no non-member is skipped. The scores are sorted once: a
+    replicate is the pool with each candidate counted as often as its model was drawn, so its ROC is read off
+    weighted cumulative sums at the distinct scores (the points ``roc_curve`` gives), blocks of replicates at a
+    time."""
     s, y = _check(scores, labels)
     if not np.isfinite(tpr_at_fpr(s, y, fpr, ties)):
         return float("nan"), float("nan")
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
-    order = np.argsort(g, kind="stable")
-    starts = np.searchsorted(g[order], np.arange(g.max() + 2))
-    rng, vals = np.random.default_rng(seed), []
-    for pick in rng.integers(0, g.max() + 1, (b, g.max() + 1)):
-        idx = order[np.concatenate([np.arange(starts[k], starts[k + 1]) for k in pick])]
-        if 0 < y[idx].sum() < len(idx) and resolvable(int((y[idx] == 0).sum()), fpr):
-            vals.append(tpr_at_fpr(s[idx], y[idx], fpr, ties))
+    o = np.argsort(-s, kind="stable")
+    s, y, g = s[o], y[o], np.unique(np.asarray(groups)[o], return_inverse=True)[1]
+    ends, k = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1], g.max() + 1   # the last candidate of each distinct score
+    picks, vals = np.random.default_rng(seed).integers(0, k, (b, k)), []
+    for block in np.array_split(picks, max(1, b * len(s) // 2_000_000)):
+        drawn = np.bincount((np.arange(len(block))[:, None] * k + block).ravel(), minlength=len(block) * k)
+        w = drawn.reshape(len(block), k)[:, g]                              # times each candidate is drawn
+        for tp, fp in zip(np.cumsum(w * y, 1)[:, ends], np.cumsum(w * (1 - y), 1)[:, ends]):
+            if tp[-1] and fp[-1] and resolvable(int(fp[-1]), fpr):
+                vals.append(_read(np.r_[0.0, fp / fp[-1]], np.r_[0.0, tp / tp[-1]], fpr, ties))
     if not vals:
         return float("nan"), float("nan")
     return tuple(float(v) for v in np.quantile(vals, [(1 - level) / 2, (1 + level) / 2]))
@@ -247,6 +257,7 @@ def relative_error(est, true):
 
 __all__ = [
     "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "MIN_POOL",
-    "hanley_mcneil_se", "min_detectable_auc", "calibrate", "auc_ci", "victim_spread", "blind_features", "blind_scores", "blind_auc",
+    "hanley_mcneil_se", "min_detectable_auc", "calibrate", "auc_ci", "victim_spread", "blind_features",
+    "blind_scores", "blind_auc",
     "existence_f1", "relative_error",
 ]
