@@ -159,8 +159,8 @@ def spread(sel: dict, index: dict) -> dict:
     every output chosen for them."""
     per = {}
     for run, s in sel.items():
-        chosen = dict.fromkeys((c["attack"], c["artifact"], c["output"], int(c["round"])) for c, _ in s.get("parts", ()))
-        for c in chosen:
+        for c in dict.fromkeys((c["attack"], c["artifact"], c["output"], int(c["round"]))
+                               for c, _ in s.get("parts", ())):
             for victim, auc, lo, base in index.get((run,) + c, []):
                 per.setdefault((run, victim), []).append((auc, lo > base))
     if not per:

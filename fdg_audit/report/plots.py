@@ -244,7 +244,7 @@ def roc(res: T.Results, out: Path) -> list[str]:
             fpr, tpr, _ = M.roc(s, y)
             n0 = int((y == 0).sum())
             lo = min(lo, 1 / n0)
-            t = [M.tpr_at_fpr(s, y, f, ties="interpolate") if n0 >= 1 / f else float("nan") for f in (0.01, 0.001)]
+            t = [M.tpr_at_fpr(s, y, f, ties="interpolate") for f in (0.01, 0.001)]   # NaN where not resolvable
             tx = ["n/a" if math.isnan(v) else f"{v:.3f}" for v in t]
             name = res.label(g) + ("" if var == "main" else f" ({var})")
             ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], lw=1.6,
