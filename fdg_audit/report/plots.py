@@ -261,7 +261,7 @@ def roc(res: T.Results, out: Path) -> list[str]:
                      "calibrated within each target model and pooled over runs and victims, as the scorecard's; "
                      "rates\nbelow 1/non-members are not resolvable (drawn at the edge)", fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.12), frameon=False)
+        _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.17), frameon=False)
         files.append(_save(fig, out, f"roc_{slug(attack)}.png"))
     return files
 
