@@ -243,3 +243,53 @@ def test_scorer_baseline_is_the_blind_auc_of_the_candidates():
         assert r["auc_ci_low"]["value"] < r["auc"]["value"] < r["auc_ci_high"]["value"]
         assert r["auc_ci_low"]["baseline"] == r["auc"]["baseline"]
     assert rows[True]["auc"]["baseline"] > 0.6 > rows[False]["blind_auc"]["value"]
+
+
+def test_rmia_tunes_a_on_every_reference_in_turn():
+    """RMIA's offline a is the grid value of the best mean AUC over the references, each attacked with the others
+    (leave one out), not the best on reference 0 alone: on a pool where the two choices differ, tune_a returns the
+    first. Each reference is a lookup table of logits (pool and population points are their row numbers)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from attacks.membership import References
+    from fdg_audit.api import Split
+    from fdg_audit.metrics import auc
+
+    class Table(torch.nn.Module):
+        def __init__(self, z):
+            super().__init__()
+            self.z = torch.nn.Parameter(torch.as_tensor(z, dtype=torch.float32), requires_grad=False)
+
+        def forward(self, x):
+            return self.z[x[:, 0].long()]
+
+    atk, grid = RMIA(RMIA.Params(refs=3)), np.round(np.linspace(0, 1, 11), 2)
+    n, m, t = 60, 30, atk.p.temperature
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        ins = rng.random((3, n)) < 0.5
+        hard = rng.normal(0, 1, n + m)
+        s = hard + rng.normal(0, rng.uniform(0.3, 2.0, (3, 1)), (3, n + m))
+        s[:, :n] += 1.0 * ins
+        probs = 1 / (1 + np.exp(-s / t))                  # softmax over logits [s, 0] at label 0, temperature t
+
+        def curve(i, rest):
+            keep = (~ins[rest]).any(0)
+            return [auc(rmia(probs[i, :n][keep], probs[rest][:, :n][:, keep], ins[rest][:, keep], probs[i, n:],
+                             probs[rest][:, n:], a, atk.p.gamma, False), ins[i][keep]) for a in grid]
+        loo = np.mean([curve(i, np.arange(3) != i) for i in range(3)], 0)
+        first = curve(0, np.arange(3) != 0)
+        if grid[np.argmax(loo)] != grid[np.argmax(first)]:
+            break
+    else:
+        pytest.fail("no pool where attacking reference 0 alone and leave-one-out choose different a")
+    z = np.stack([s, np.zeros_like(s)], -1)
+    refs = References(states=[{"v": Table(z[r])} for r in range(3)], cand_in=[],
+                      pool=Split(torch.arange(n, dtype=torch.float32)[:, None], torch.zeros(n, dtype=torch.long),
+                                 np.arange(n)),
+                      pool_in=[{"v": ins[r]} for r in range(3)],
+                      population=Split(torch.arange(n, n + m, dtype=torch.float32)[:, None],
+                                       torch.zeros(m, dtype=torch.long), np.arange(n, n + m)))
+    assert atk.tune_a(SimpleNamespace(model=lambda st: st), refs, "v") == grid[np.argmax(loo)]

@@ -8,7 +8,7 @@ colour / texture / contrast / inversion styles applied to the real digits, 3 cha
 Split protocols (``data.protocol``):
   * "disjoint" (default): each domain gets its own digits (a seeded permutation cut into one chunk per domain, capped
     at ``per_domain``), so no digit is in two domains and membership is per image.
-  * "standard": the Rotated-MNIST protocol of Ghifary et al. 2015, followed by CSAC (Chen et al. 2023, Table 3):
+  * "standard": the Rotated-MNIST protocol of Ghifary et al. 2015, followed by CSAC (Yuan et al. 2023, Table 3):
     one set of ``per_domain`` digits (balanced, ``per_domain / 10`` per class; 1000 = the papers' 100 per class) is
     rotated into every domain. Image ids stay unique per domain (domain index x 5000 + row): the same digit in two
     domains is two images, which membership truth must keep in mind.
