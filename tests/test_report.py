@@ -618,7 +618,7 @@ def test_the_scorecard_has_an_any_channel_cell_per_method_with_the_comparisons_d
 
 
 def test_plots_pass_the_checklist(tmp_path):
-    """Fixed colours per method across datasets; at most 6 ROC curves, the strongest variant per method; grids at
+    """Fixed colours per method across datasets, a line style per dataset; at most 6 ROC curves, the strongest variant per method; grids at
     most 1,600 px a side, paged; no trade-off figure for a family of one method; one legend entry per label."""
     from PIL import Image
 
@@ -630,6 +630,8 @@ def test_plots_pass_the_checklist(tmp_path):
     col = P.colors(res)
     assert col[("d1", "a", "")] == col[("d2", "a", "")] and col[("d1", "c", "")] == col[("d2", "c", "")]
     assert len({col[("d1", m, "")] for m in "abc"}) == 3
+    ls = P.line_styles(res)     # one method on two datasets: one colour, two line styles
+    assert ls[("d1", "a", "")] == ls[("d1", "b", "")] != ls[("d2", "a", "")] == ls[("d2", "c", "")]
     rng = np.random.default_rng(0)
     y = np.r_[np.ones(50), np.zeros(50)].astype(int)
     pooled = {(("d", f"m{i}", ""), v): dict(scores=rng.normal(y * k, 1), labels=y, models={1})
