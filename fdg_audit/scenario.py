@@ -77,6 +77,8 @@ class Scenario:
     compare_to: str = "fedavg"    # the method (registered name) every other is compared with: Δ columns
     reference: dict = field(default_factory=dict)  # published numbers the report prints beside the measured ones:
                                                    # source = "...", values = { <method label> = accuracy in [0, 1] }
+    see_also: list = field(default_factory=list)   # lines the report prints beside the attacks left out here, e.g.
+                                                   # which scenario ran them and where its report is
     attack_timeout: float = 3600.0   # seconds one attack worker (describe, control, one run) may take; then killed
     attack_memory_gb: float = 8.0    # memory (data size, GB) of one attack worker; beyond it the worker fails
 
@@ -188,6 +190,8 @@ def parse(raw: dict) -> Scenario:
     if sc.engine not in ("local", "process", "ray"):
         raise UserError(f"engine = {sc.engine!r}: choose \"local\", \"process\" or \"ray\" (pip install 'fdg_audit[ray]')")
     check_engine(sc)
+    if not (isinstance(sc.see_also, list) and all(isinstance(x, str) for x in sc.see_also)):
+        raise UserError(f"see_also = {sc.see_also!r}: give a list of strings, e.g. see_also = [\"scenarios/x.toml\"]")
     if not isinstance(sc.seeds, list) or not sc.seeds or \
             not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.seeds):
         raise UserError(f"seeds = {sc.seeds!r}: give a non-empty list of integers, e.g. seeds = [0, 1, 2]")

@@ -659,3 +659,21 @@ def test_plots_pass_the_checklist(tmp_path):
                  artifact="weights", n_runs="1") for h, m in (("accuracy", "target_acc"), ("membership", "auc"))]
     solo_res = T.load([fabricate(tmp_path / "s", methods=(("m0", "", {}),), seeds=(0,), extra=False)])
     assert tradeoff(solo_res, solo, tmp_path / "p2") == []          # one point claims no trade-off
+
+
+def test_attacks_a_scenario_left_out_are_named_with_where_they_ran(tmp_path):
+    """The attacks section names what the scenario's [[attacks]] tables exclude and prints its see_also lines (where
+    those attacks ran); a hostile config adds no markup and no non-strings."""
+    root = fabricate(tmp_path / "r", leakage=[leak_row(run_id("fedavg", "", "A", 0), "loss", "weights", "B", 2, "auc",
+                                                        0.6, 0.5)])
+    (root / "config.resolved.toml").write_text(
+        'see_also = ["mia_lira ran in scenarios/membership.toml", 3]\n'
+        '[[attacks]]\nname = "all"\nexclude = ["mia_lira", "mia_rmia", {x = 1}]\n'
+        '[[attacks]]\nname = "loss"\nexclude = ["<script>"]\n')
+    md = write_report([root], tmp_path / "out").read_text()
+    assert "\nLeft out by the scenario (its [[attacks]] exclude): mia_lira, mia_rmia, \\<script\\>.\n" in md
+    assert "\n- See also: mia_lira ran in scenarios/membership.toml\n" in md
+    assert "<script>" not in md and "{x" not in md and "See also: 3" not in md
+    plain = fabricate(tmp_path / "p", leakage=[leak_row(run_id("fedavg", "", "A", 0), "loss", "weights", "B", 2,
+                                                         "auc", 0.6, 0.5)])
+    assert "Left out by the scenario" not in write_report([plain], tmp_path / "o2").read_text()

@@ -56,6 +56,8 @@ class Results:
     #                                                         priors, budget, knows, rows}} (report/threat.py)
     scenarios: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    left_out: list = field(default_factory=list)    # attacks the scenarios' [[attacks]] tables exclude
+    see_also: list = field(default_factory=list)    # the scenarios' see_also lines (where those attacks ran)
     reference: str = ""     # summary.json's "reference": the method (registered name) the Δ columns compare with
     published: dict = field(default_factory=dict)   # the scenario's [reference]: published numbers to print beside
     cache: dict = field(default_factory=dict)       # what the report computes once (scorecard.selections)
@@ -98,6 +100,9 @@ def load(run_dirs) -> Results:
         s = rf.summary()
         res.scenarios.append(s.get("scenario", rf.root.name))
         res.published = rf.reference_values() or res.published
+        out, see = rf.left_out()
+        res.left_out = list(dict.fromkeys(res.left_out + out))
+        res.see_also = list(dict.fromkeys(res.see_also + see))
         refs.append(s.get("reference") if isinstance(s.get("reference"), str) else None)
         for r in s["runs"]:
             if r["run"] in chosen and r.get("status") == "ok":

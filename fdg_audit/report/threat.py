@@ -66,10 +66,13 @@ def legend_md(res) -> list[str]:
     variant (instead of on every row), and what every reconstruction row states: alignment, baseline kind, plateau
     criterion (leakage.csv columns), CPU seconds and iterations per victim (its ``cpu_seconds`` / ``iterations`` rows,
     mean over them)."""
-    from .formatting import md_table
+    from .formatting import md_table, md_text
     used = list(dict.fromkeys([r["attack"] for r in res.leakage] + [f["attack"] for f in res.items]))
+    left = ([md_text("Left out by the scenario (its [[attacks]] exclude): " + ", ".join(res.left_out) + ".", 2000), ""]
+            if res.left_out else []) + [f"- See also: {md_text(x, 2000)}" for x in res.see_also] + \
+        ([""] if res.see_also else [])
     if not used:
-        return []
+        return ["## Attacks and their threat models", ""] + left if left else []
     mode = lambda rs, k: " | ".join(dict.fromkeys(str(r[k]) for r in rs if r.get(k) not in (None, ""))) or "—"  # noqa
     avg = lambda v, d: f"{sum(v) / len(v):.{d}f} (n = {len(v)})" if v else "—"  # noqa: E731
     body = []
@@ -91,4 +94,4 @@ def legend_md(res) -> list[str]:
             "baseline it is scored against, when it stops (plateau criterion) and its mean CPU seconds and iterations "
             "per victim.", "",
             md_table(["attack", "variant", "adversary", "channel", "prior", "budget", "knows", "assumes", "alignment",
-                      "baseline", "plateau", "CPU s / victim", "iterations / victim"], body), ""]
+                      "baseline", "plateau", "CPU s / victim", "iterations / victim"], body), ""] + left

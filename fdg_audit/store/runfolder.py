@@ -277,6 +277,19 @@ class RunFolder:
             return {}
         return ref if isinstance(ref, dict) and isinstance(ref.get("values", {}), dict) else {}
 
+    def left_out(self) -> tuple[list[str], list[str]]:
+        """(the attacks config.resolved.toml's [[attacks]] tables exclude, its see_also lines); strings only, so a
+        damaged or hostile folder adds nothing else."""
+        try:
+            raw = tomllib.loads((self / "config.resolved.toml").read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return [], []
+        tables = raw.get("attacks") if isinstance(raw.get("attacks"), list) else []
+        out = [x for t in tables if isinstance(t, dict) and isinstance(t.get("exclude"), list)
+               for x in t["exclude"] if isinstance(x, str)]
+        see = raw.get("see_also") if isinstance(raw.get("see_also"), list) else []
+        return list(dict.fromkeys(out)), [x for x in see if isinstance(x, str)]
+
     def result_files(self, kind: str, runs: set) -> list[dict]:
         """The files under ``kind`` ("items" | "mia" | "recon") of the runs ``runs``: dicts with attack, run, path
         (and victim, variant for "recon"); files of other runs or with names no run writes are ignored."""
