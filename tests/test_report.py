@@ -618,8 +618,9 @@ def test_the_scorecard_has_an_any_channel_cell_per_method_with_the_comparisons_d
 
 
 def test_plots_pass_the_checklist(tmp_path):
-    """Fixed colours per method across datasets, a line style per dataset; at most 6 ROC curves, the strongest variant per method; grids at
-    most 1,600 px a side, paged; no trade-off figure for a family of one method; one legend entry per label."""
+    """Fixed colours per method across datasets, a line style per dataset; at most 6 ROC curves, the strongest variant
+    per method; grids at most 1,600 px a side, paged; no trade-off figure for a family of one method; one legend entry
+    per label."""
     from PIL import Image
 
     from fdg_audit.report import plots as P

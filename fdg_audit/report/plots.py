@@ -235,9 +235,9 @@ def _roc_curves(pooled: dict) -> list[tuple]:
 
 def roc(res: T.Results, out: Path) -> list[str]:
     """Log-log ROC per membership attack (as ML Privacy Meter draws it): per method its strongest output variant (its
-    colour; the dataset's line style), at most MAX_CURVES curves, AUC and TPR at 1% and 0.1% FPR in the legend (ties broken at random, as the scorecard's);
-    scores calibrated within each target model and pooled over each method's runs and victims
-    (``tables.membership_scores``); the dashed grey diagonal is random guessing."""
+    colour; the dataset's line style), at most MAX_CURVES curves, AUC and TPR at 1% and 0.1% FPR in the legend (ties
+    broken at random, as the scorecard's); scores calibrated within each target model and pooled over each method's
+    runs and victims (``tables.membership_scores``); the dashed grey diagonal is random guessing."""
     files, col, ls = [], colors(res), line_styles(res)
     for attack, pooled in T.membership_scores(res).items():
         curves = _roc_curves(pooled)
@@ -254,8 +254,8 @@ def roc(res: T.Results, out: Path) -> list[str]:
             t = [M.tpr_at_fpr(s, y, f, ties="interpolate") for f in (0.01, 0.001)]   # NaN where not resolvable
             tx = ["n/a" if math.isnan(v) else f"{v:.3f}" for v in t]
             name = res.label(g) + ("" if var == "main" else f" ({var})")
-            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], ls=ls[g],
-                    lw=1.6, drawstyle="steps-post", label=f"{name}: AUC {a:.3f}, TPR@1%FPR {tx[0]}, TPR@0.1%FPR {tx[1]}\n"
+            ax.plot(np.maximum(fpr, 1 / n0 / 2), np.maximum(tpr, 1 / n0 / 2), color=col[g], ls=ls[g], lw=1.6,
+                    drawstyle="steps-post", label=f"{name}: AUC {a:.3f}, TPR@1%FPR {tx[0]}, TPR@0.1%FPR {tx[1]}\n"
                                                   f"    {int(y.sum())} members, {n0} non-members")
         ax.plot([lo / 2, 1], [lo / 2, 1], color="0.5", lw=1, ls="--", label="baseline: random guess (TPR = FPR)")
         ax.set_xscale("log")

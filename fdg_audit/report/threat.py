@@ -68,9 +68,10 @@ def legend_md(res) -> list[str]:
     mean over them)."""
     from .formatting import md_table, md_text
     used = list(dict.fromkeys([r["attack"] for r in res.leakage] + [f["attack"] for f in res.items]))
-    left = ([md_text("Left out by the scenario (its [[attacks]] exclude): " + ", ".join(res.left_out) + ".", 2000), ""]
-            if res.left_out else []) + [f"- See also: {md_text(x, 2000)}" for x in res.see_also] + \
-        ([""] if res.see_also else [])
+    left = [md_text(f"Left out by the scenario (its [[attacks]] exclude): {', '.join(res.left_out)}.", 2000), ""] \
+        if res.left_out else []
+    if res.see_also:
+        left += [f"- See also: {md_text(x, 2000)}" for x in res.see_also] + [""]
     if not used:
         return ["## Attacks and their threat models", ""] + left if left else []
     mode = lambda rs, k: " | ".join(dict.fromkeys(str(r[k]) for r in rs if r.get(k) not in (None, ""))) or "—"  # noqa

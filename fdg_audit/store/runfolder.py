@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -269,21 +270,23 @@ class RunFolder:
                             f"`fdg_audit attack {self.root}`")
         return a
 
-    def reference_values(self) -> dict:
-        """The [reference] table of config.resolved.toml (published numbers; validated when planned)."""
+    @cached_property
+    def config(self) -> dict:
+        """config.resolved.toml as a table, read once ({} when missing or damaged)."""
         try:
-            ref = tomllib.loads((self / "config.resolved.toml").read_text()).get("reference", {})
+            return tomllib.loads((self / "config.resolved.toml").read_text())
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             return {}
+
+    def reference_values(self) -> dict:
+        """The [reference] table of config.resolved.toml (published numbers; validated when planned)."""
+        ref = self.config.get("reference", {})
         return ref if isinstance(ref, dict) and isinstance(ref.get("values", {}), dict) else {}
 
     def left_out(self) -> tuple[list[str], list[str]]:
         """(the attacks config.resolved.toml's [[attacks]] tables exclude, its see_also lines); strings only, so a
         damaged or hostile folder adds nothing else."""
-        try:
-            raw = tomllib.loads((self / "config.resolved.toml").read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            return [], []
+        raw = self.config
         tables = raw.get("attacks") if isinstance(raw.get("attacks"), list) else []
         out = [x for t in tables if isinstance(t, dict) and isinstance(t.get("exclude"), list)
                for x in t["exclude"] if isinstance(x, str)]
