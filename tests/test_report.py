@@ -10,6 +10,7 @@ import pytest
 
 from fdg_audit.cli import main
 from fdg_audit.errors import UserError
+from fdg_audit.metrics import stats as S
 from fdg_audit.report import headline, write_report
 from fdg_audit.report import tables as T
 from fdg_audit.report.formatting import fmt
@@ -39,8 +40,9 @@ def env(run, rnd, sender, receiver, kind, nbytes):
 
 
 def fabricate(root, methods=(("fedavg", "", {}), ("feddg", "", {})), seeds=(0, 1, 2), targets=("A", "B"),
-              rounds=2, acc=None, drop=(), leakage=(), extra=True, reference="fedavg"):
-    """A run folder written by hand. ``acc(method, variant, target, seed)`` gives target_acc."""
+              rounds=2, acc=None, drop=(), leakage=(), extra=True, reference="fedavg", curve=None):
+    """A run folder written by hand. ``acc(method, variant, target, seed)`` gives target_acc, ``curve(method,
+    target, seed, round)`` the source-validation accuracy of the rounds after 0."""
     root.mkdir(parents=True)
     rng = np.random.default_rng(0)
     acc = acc or (lambda m, v, t, s: float(rng.uniform(0.2, 0.9)))
@@ -56,7 +58,9 @@ def fabricate(root, methods=(("fedavg", "", {}), ("feddg", "", {})), seeds=(0, 1
                                  params={"rounds": rounds}, plugin=m, status="ok", target_acc=a, source_val_acc=0.9,
                                  selected_round=rounds, final_target_acc=a, seconds=1.0, clients=CLIENTS[t],
                                  num_classes=10))
-                metrics += [dict(run=rid, round=r, target_acc=a) for r in range(rounds + 1)]
+                metrics += [dict(run=rid, round=r, target_acc=a, **({"source_val_acc": curve(m, t, s, r)}
+                                                                    if curve and r else {}))
+                            for r in range(rounds + 1)]
                 for c in CLIENTS[t]:
                     envs.append(env(rid, 0, c, "server", "n_samples", 40))
                     if m == "feddg":
@@ -163,6 +167,32 @@ def test_accuracy_mean_std_over_seeds_grouped_by_method_target_and_sweep(tmp_pat
     assert "failed: `digits/fedavg/A/s9`" in md                 # the failed run is listed, not averaged
     table = T.accuracy_table(T.load([root]))
     assert all(row["runs"] == 6 - (row["key"] == ("digits", "feddg", "[lr=0.5]")) for row in table)
+
+
+def test_a_group_still_rising_at_its_end_is_not_converged_whatever_round_was_selected(tmp_path):
+    """Every run below is marked converged (its selected round came early). FedAvg's source validation still rises
+    through the last 10% of its rounds in all 6 runs (one-sided sign-flip p 1/64, Holm over 2 rows 0.03): not
+    converged. FedDG's is a noisy plateau: its late gains have both signs and it stays converged."""
+    noise = np.random.default_rng(3).normal(0, 0.004, (2, 3, 21))
+
+    def curve(m, t, s, r):
+        return 0.9 + 0.002 * r if m == "fedavg" else 0.95 + noise["AB".index(t), s, r]
+    root = fabricate(tmp_path / "r", rounds=20, curve=curve, extra=False)
+    assert S.late_gain({r: curve("fedavg", "A", 0, r) for r in range(1, 21)}) == pytest.approx(0.004)
+    assert S.late_gain({10: 0.5, 20: 0.6, 30: 0.8}) == pytest.approx(0.2)   # every 10th round evaluated: 30 vs 20
+    assert math.isnan(S.late_gain({20: 0.5}))
+    rows = {r["method"]: r for r in T.accuracy_table(T.load([root]))}
+    assert rows["fedavg"]["converged"] == rows["feddg"]["converged"] == 6
+    up, n, p = rows["fedavg"]["rising"]
+    assert (up, n) == (6, 6) and p == pytest.approx(2 / 64)
+    up, n, p = rows["feddg"]["rising"]
+    assert 0 < up < n == 6 and p > 0.05
+    md = write_report([root], tmp_path / "out").read_text()
+    cells = {r["method"]: r["converged"] for r in md_table(md, "method", after="## Held-out accuracy")}
+    assert cells["fedavg"].startswith("6/6; rising at the end 6/6") and cells["fedavg"].endswith("NOT CONVERGED")
+    assert "NOT CONVERGED" not in cells["feddg"]
+    answer = md.split("## The answer")[1].split("\n## ")[0]                 # page one says it beside the accuracy
+    assert re.search(r"fedavg \S+ \[\S+, \S+\] NOT CONVERGED", answer) and answer.count("NOT CONVERGED") == 1
 
 
 def test_single_seed_has_no_std(tmp_path):

@@ -37,9 +37,15 @@ assigned to half A or B by a hash of its id (the same image / candidate gets the
 holds it); the candidate strongest on the A items of all the cell's runs scores the B items and the one strongest on
 B scores the A items, so the choice is made once per cell on many items, every item counts once, and no item is
 scored by a choice it took part in. A baseline follows its candidate on the same items.
+
+Convergence (``late_gain``): the one-standard-error rule can select a round before a run's last 10% on a curve that
+still rises slowly, so a run's selected round alone does not show a plateau. Over a group of runs the gains of their
+source-validation curves over their last 10% of evaluations are tested with the one-sided exact sign-flip test: on a
+plateau they are noise around 0; a group whose gains are positive together is still rising.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -171,9 +177,10 @@ def t_test_p(values, strata=None) -> float:
     return float(2 * t.sf(abs(m) / se, df))
 
 
-def signflip_p(values) -> float:
-    """Exact two-sided sign-flip p-value of the mean of paired differences (all 2^n sign patterns up to n = 16,
-    else 2^16 random ones): the share of patterns whose |mean| reaches the observed one."""
+def signflip_p(values, alternative: str = "two-sided") -> float:
+    """Exact sign-flip p-value of the mean of paired differences (all 2^n sign patterns up to n = 16, else 2^16
+    random ones): the share of patterns whose |mean| reaches the observed one; with ``alternative="greater"``, the
+    one-sided share whose mean reaches it."""
     d = np.asarray(values, float)
     d = d[np.isfinite(d)]
     n = len(d)
@@ -183,8 +190,21 @@ def signflip_p(values) -> float:
         signs = 1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)
     else:
         signs = np.random.default_rng(0).choice([-1, 1], (2 ** 16, n))
-    stat = np.abs((signs * d).mean(1))
-    return float(np.mean(stat >= abs(d.mean()) - 1e-12))
+    if alternative == "greater":
+        return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
+    return float(np.mean(np.abs((signs * d).mean(1)) >= abs(d.mean()) - 1e-12))
+
+
+LATE = 0.1   # the last 10% of a run's rounds: a run selected in them, or still rising through them, has not converged
+
+
+def late_gain(curve: dict, late: float = LATE) -> float:
+    """How much a training curve ({round: value} at its evaluated rounds) still gains at its end: the mean of its
+    last ``late`` share of evaluations (at least one) minus the mean of as many evaluations before them (nan with
+    fewer than two evaluations)."""
+    v = [curve[t] for t in sorted(curve)]
+    w = max(1, math.ceil(late * len(v)))
+    return float(np.mean(v[-w:]) - np.mean(v[-2 * w:-w])) if len(v) >= 2 * w else float("nan")
 
 
 def holm(pvalues) -> list[float]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..store.ledger import atomic_write
 from ..metrics.registry import HARMS, card_metrics, info
+from ..metrics import stats as S
 from ..metrics.stats import CALLS_TEXT
 from . import compare as CMP
 from . import curves as CV
@@ -96,6 +97,16 @@ def _img(name: str, alt: str) -> str:
     return f"![{alt}](plots/{name})"
 
 
+def _converged(row: dict) -> str:
+    """The accuracy table's converged cell: runs selected before their last 10% of rounds, and the late rise."""
+    up, n, p = row["rising"]
+    cell = f"{row['converged']}/{row['runs']}" + ("" if row["converged"] == row["runs"] else " NOT CONVERGED")
+    if not n:
+        return cell
+    return cell + f"; rising at the end {up}/{n} " + (f"(not testable below {S.MIN_RUNS} runs)" if p != p else
+                                                      f"(p {p:.2g})" + (": NOT CONVERGED" if p < 1 - S.LEVEL else ""))
+
+
 def _accuracy_md(res, acc, files) -> list[str]:
     keys = T.sweep_keys(res)
     ref = res.published.get("values", {})
@@ -105,7 +116,10 @@ def _accuracy_md(res, acc, files) -> list[str]:
           "Per target: mean ± sample std over seeds; mean over targets: per seed the mean over targets, then mean ± "
           "std over seeds; [95% CI]: Student-t over the runs, stratified by target, with n runs. converged: runs "
           "whose selected round is before the last 10% of their rounds (a late selected round means still "
-          "improving: NOT CONVERGED). Chance is 1/classes.", ""]
+          "improving: NOT CONVERGED); then the runs whose source-validation accuracy is higher over their last 10% "
+          "of evaluated rounds than over as many before, and the one-sided exact sign-flip p-value (Holm over the "
+          "rows; n runs cannot go below 2^-n) that the group's gains are positive: below 0.05 the group is still "
+          "rising (NOT CONVERGED) whatever round the one-SE rule selected. Chance is 1/classes.", ""]
     if ref:
         md += [md_text(f"Reference: {res.published.get('source', '')}"), ""]
     if T.adaptation_note(res):
@@ -122,7 +136,7 @@ def _accuracy_md(res, acc, files) -> list[str]:
                 + [fmt(r["mean"]) + (f" (seeds {r['incomplete']} lack a target)" if r["incomplete"] else ""),
                    f"[{r['ci'][1]:.3f}, {r['ci'][2]:.3f}] ({r['ci'][3]})" if r["ci"][1] == r["ci"][1] else
                    f"({r['ci'][3]})", len(r["seeds"]),
-                   f"{r['converged']}/{r['runs']}" + ("" if r["converged"] == r["runs"] else " NOT CONVERGED")]
+                   _converged(r)]
                 + ([f"{ref[r['method']]:.4g}" if r["method"] in ref else "—"] if ref else []) for r in rows]
         md += [f"### {md_text(ds, 120)}", "", md_table(head, body), ""]
         extra = [(r, k, v) for r in rows for k, v in r["extra"].items()]

@@ -19,6 +19,7 @@ from ..metrics.registry import HARMS, info
 from .curves import HEADLINE, smallest_point
 from .formatting import ci, human_bytes, md_table, md_text, num, text_table
 from .select import primary, size_of
+from . import tables as T
 from .verdict import clears
 
 MAX_LINES = 25
@@ -169,7 +170,9 @@ def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
     calls = [c for c in comps if c["harm"] == "accuracy" and c["ga"][0] == fam]
     diff = _join([f"{c['ga'][1]} − {c['gb'][1]} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
                   for c in calls], "no paired runs to compare")
-    return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}" for r in acc) + f" ({diff})"
+    late = {(r["method"], r["variant"]) for r in T.accuracy_table(res) if r["dataset"] == fam and T.not_converged(r)}
+    return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}"
+                     + " NOT CONVERGED" * ((r["method"], r["variant"]) in late) for r in acc) + f" ({diff})"
 
 
 def _between(comps: list[dict], fam: str) -> str:

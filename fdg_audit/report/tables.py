@@ -22,6 +22,7 @@ import numpy as np
 
 from ..store.ledger import Ledger
 from ..metrics import membership as MM
+from ..metrics import stats as S
 from ..metrics.registry import stronger
 from ..store.runfolder import RunFolder
 from .formatting import clean, num
@@ -113,7 +114,9 @@ def load(run_dirs) -> Results:
         per_root.append(s["runs"])
     _reference(res, refs)
     for i, runs in enumerate(per_root):
-        res.runs += [dict(r, root=str(folders[i].root)) for r in runs if chosen[r["run"]] == i]
+        curves = _curves(folders[i], {r for r, j in chosen.items() if j == i})
+        res.runs += [dict(r, root=str(folders[i].root), late_gain=S.late_gain(curves.get(r["run"], {})))
+                     for r in runs if chosen[r["run"]] == i]
     for i, rf in enumerate(folders):
         runs = {r for r, j in chosen.items() if j == i}
         for r in rf.leakage():
@@ -162,6 +165,16 @@ def adaptation_note(res: Results) -> str:
             "in training, so its held-out accuracy is not domain generalization") if gs else ""
 
 
+def _curves(rf: RunFolder, runs: set) -> dict:
+    """{run: {round: source-validation accuracy}} of the runs' evaluated rounds (metrics.csv)."""
+    out = defaultdict(dict)
+    for m in rf.csv("metrics.csv"):
+        t, v = num(m.get("round")), num(m.get("source_val_acc"))
+        if m.get("run") in runs and math.isfinite(t) and math.isfinite(v):
+            out[m["run"]][int(t)] = v
+    return out
+
+
 def accuracy_table(res: Results) -> list[dict]:
     """One row per group: per-target and mean-over-targets held-out accuracy (mean ± std over seeds)."""
     by = defaultdict(list)
@@ -176,17 +189,30 @@ def accuracy_table(res: Results) -> list[dict]:
         for r in rs:
             acc[r["target"]][r["seed"]] = float(r["target_acc"])
         complete = [s for s in seeds if all(s in acc[t] for t in targets)]
-        from ..metrics.stats import t_interval
         pairs = [(t, v) for t in targets for v in acc[t].values()]
         rows.append(dict(dataset=g[0], method=g[1], variant=g[2], key=g, sweep=rs[0].get("sweep") or {},
                          targets={t: stat(acc[t].values()) for t in targets},
                          mean=stat([float(np.mean([acc[t][s] for t in targets])) for s in complete]),
-                         ci=_clip01(t_interval([v for _, v in pairs], strata=[t for t, _ in pairs])),
-                         converged=sum(r.get("converged") is not False for r in rs),
+                         ci=_clip01(S.t_interval([v for _, v in pairs], strata=[t for t, _ in pairs])),
+                         converged=sum(r.get("converged") is not False for r in rs), rising=_rising(rs),
                          seeds=seeds, incomplete=[s for s in seeds if s not in complete], runs=len(rs),
                          num_classes=rs[0].get("num_classes"), adaptation=any(r.get("adaptation") for r in rs),
-                         extra={k: (stat(v), t_interval(v)) for k, v in _extras(rs).items()}))
+                         extra={k: (stat(v), S.t_interval(v)) for k, v in _extras(rs).items()}))
+    for r, p in zip(rows, S.holm([r["rising"][2] for r in rows])):
+        r["rising"] = r["rising"][:2] + (p,)
     return rows
+
+
+def not_converged(row: dict) -> bool:
+    """An accuracy row with a run selected in its last 10% of rounds, or whose group still rises at its end."""
+    return row["converged"] < row["runs"] or row["rising"][2] < 1 - S.LEVEL
+
+
+def _rising(rs: list[dict]) -> tuple[int, int, float]:
+    """(runs whose source validation still gains over their last 10% of rounds, runs with a gain, the one-sided
+    sign-flip p-value that the group's gains are positive; Holm-adjusted over the table's rows by the caller)."""
+    g = [r["late_gain"] for r in rs if math.isfinite(r.get("late_gain", float("nan")))]
+    return sum(x > 0 for x in g), len(g), S.signflip_p(g, "greater") if len(g) >= S.MIN_RUNS else float("nan")
 
 
 def _extras(rs: list[dict]) -> dict:

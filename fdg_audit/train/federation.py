@@ -34,6 +34,7 @@ from ..bus import Bus, register_kind
 from ..data import DataConfig, DomainSet, Split, load_data
 from .engines import LocalLink, ProcessLink, RemoteLink, assign, build_host
 from ..errors import UserError
+from ..metrics.stats import LATE   # a run selected in its last 10% of rounds has not converged
 from ..models import ModelConfig, build_model
 from ..params import asked
 from ..protocol import accuracy, unlabeled
@@ -229,9 +230,6 @@ def _rounds(spec: RunSpec, server, bus: Bus, seq, cids: list, fraction: float, v
         if on_round:
             on_round(row)
     return history
-
-
-LATE = 0.1   # a run whose selected round is in the last 10% of its rounds has not converged
 
 
 def select_round(history: list[dict], n_val: int, rounds: int) -> tuple[dict, bool]:
