@@ -46,6 +46,8 @@ def test_holm_and_signflip_are_exact():
     assert np.isnan(S.holm([0.01, np.nan])[1])
     assert S.signflip_p([1.0, 2.0, 3.0]) == pytest.approx(0.25)       # only all-plus and all-minus reach 2.0
     assert S.signflip_p([1.0, -1.0, 1.0, -1.0]) == pytest.approx(1.0)
+    assert S.signflip_p([1.0, 2.0, 3.0], "greater") == pytest.approx(0.125)   # only all-plus
+    assert S.signflip_p(np.ones(20), "greater") == pytest.approx(1 / (2 ** 16 + 1))   # sampled: never 0
     m, lo, hi, n = S.t_interval([1.0, 2.0, 3.0])
     assert (m, n) == (2.0, 3) and (hi - m) == pytest.approx(4.303 * 1 / np.sqrt(3), rel=1e-3)
 
