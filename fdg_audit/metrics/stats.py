@@ -40,7 +40,7 @@ scored by a choice it took part in. A baseline follows its candidate on the same
 
 Convergence (``late_gain``): the one-standard-error rule can select a round before a run's last 10% on a curve that
 still rises slowly, so a run's selected round alone does not show a plateau. Over a group of runs the gains of their
-source-validation curves over their last 10% of evaluations are tested with the one-sided exact sign-flip test: on a
+source-validation curves over their last 10% of evaluations are tested with the one-sided sign-flip test: on a
 plateau they are noise around 0; a group whose gains are positive together is still rising.
 """
 from __future__ import annotations

@@ -117,9 +117,9 @@ def _accuracy_md(res, acc, files) -> list[str]:
           "std over seeds; [95% CI]: Student-t over the runs, stratified by target, with n runs. converged: runs "
           "whose selected round is before the last 10% of their rounds (a late selected round means still "
           "improving: NOT CONVERGED); then the runs whose source-validation accuracy is higher over their last 10% "
-          "of evaluated rounds than over as many before, and the one-sided exact sign-flip p-value (Holm over the "
-          "rows; n runs cannot go below 2^-n) that the group's gains are positive: below 0.05 the group is still "
-          "rising (NOT CONVERGED) whatever round the one-SE rule selected. Chance is 1/classes.", ""]
+          "of evaluated rounds than over as many before, and the one-sided sign-flip p-value (exact up to 16 runs; "
+          "Holm over the rows; n runs cannot go below 2^-n) that the group's gains are positive: below 0.05 the group "
+          "is still rising (NOT CONVERGED) whatever round the one-SE rule selected. Chance is 1/classes.", ""]
     if ref:
         md += [md_text(f"Reference: {res.published.get('source', '')}"), ""]
     if T.adaptation_note(res):

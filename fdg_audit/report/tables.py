@@ -209,7 +209,7 @@ def not_converged(row: dict) -> bool:
 
 
 def _rising(rs: list[dict]) -> tuple[int, int, float]:
-    """(runs whose source validation still gains over their last 10% of rounds, runs with a gain, the one-sided
+    """(runs whose source validation still gains over their last 10% of evaluations, runs with a gain, the one-sided
     sign-flip p-value that the group's gains are positive; Holm-adjusted over the table's rows by the caller)."""
     g = [r["late_gain"] for r in rs if math.isfinite(r.get("late_gain", float("nan")))]
     return sum(x > 0 for x in g), len(g), S.signflip_p(g, "greater") if len(g) >= S.MIN_RUNS else float("nan")
