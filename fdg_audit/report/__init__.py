@@ -103,8 +103,9 @@ def _converged(row: dict) -> str:
     cell = f"{row['converged']}/{row['runs']}" + ("" if row["converged"] == row["runs"] else " NOT CONVERGED")
     if not n:
         return cell
-    return cell + f"; rising at the end {up}/{n} " + (f"(not testable below {S.MIN_RUNS} runs)" if p != p else
-                                                      f"(p {p:.2g})" + (": NOT CONVERGED" if p < 1 - S.LEVEL else ""))
+    if p != p:
+        return cell + f"; rising at the end {up}/{n} (not testable below {S.MIN_RUNS} runs)"
+    return cell + f"; rising at the end {up}/{n} (p {p:.2g})" + (": NOT CONVERGED" if T.still_rising(row) else "")
 
 
 def _accuracy_md(res, acc, files) -> list[str]:

@@ -113,12 +113,11 @@ def load(run_dirs) -> Results:
                 chosen[r["run"]] = i
         per_root.append(s["runs"])
     _reference(res, refs)
-    for i, runs in enumerate(per_root):
-        curves = _curves(folders[i], {r for r, j in chosen.items() if j == i})
-        res.runs += [dict(r, root=str(folders[i].root), late_gain=S.late_gain(curves.get(r["run"], {})))
-                     for r in runs if chosen[r["run"]] == i]
     for i, rf in enumerate(folders):
         runs = {r for r, j in chosen.items() if j == i}
+        curves = _curves(rf, runs)
+        res.runs += [dict(r, root=str(rf.root), late_gain=S.late_gain(curves.get(r["run"], {})))
+                     for r in per_root[i] if chosen[r["run"]] == i]
         for r in rf.leakage():
             if r["run"] not in runs:
                 continue
@@ -176,7 +175,14 @@ def _curves(rf: RunFolder, runs: set) -> dict:
 
 
 def accuracy_table(res: Results) -> list[dict]:
-    """One row per group: per-target and mean-over-targets held-out accuracy (mean ± std over seeds)."""
+    """One row per group: per-target and mean-over-targets held-out accuracy (mean ± std over seeds). Computed once
+    per Results (``res.cache``): the accuracy section and page one read the same rows."""
+    if "accuracy" not in res.cache:
+        res.cache["accuracy"] = _accuracy_rows(res)
+    return res.cache["accuracy"]
+
+
+def _accuracy_rows(res: Results) -> list[dict]:
     by = defaultdict(list)
     for r in res.ok:
         if r.get("target_acc") is not None:
@@ -203,9 +209,14 @@ def accuracy_table(res: Results) -> list[dict]:
     return rows
 
 
+def still_rising(row: dict) -> bool:
+    """An accuracy row whose runs' source validation still rises at their end (``_rising``, Holm p below 0.05)."""
+    return row["rising"][2] < 1 - S.LEVEL
+
+
 def not_converged(row: dict) -> bool:
     """An accuracy row with a run selected in its last 10% of rounds, or whose group still rises at its end."""
-    return row["converged"] < row["runs"] or row["rising"][2] < 1 - S.LEVEL
+    return row["converged"] < row["runs"] or still_rising(row)
 
 
 def _rising(rs: list[dict]) -> tuple[int, int, float]:
