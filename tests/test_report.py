@@ -192,7 +192,9 @@ def test_a_group_still_rising_at_its_end_is_not_converged_whatever_round_was_sel
     assert cells["fedavg"].startswith("6/6; rising at the end 6/6") and cells["fedavg"].endswith("NOT CONVERGED")
     assert "NOT CONVERGED" not in cells["feddg"]
     answer = md.split("## The answer")[1].split("\n## ")[0]                 # page one says it beside the accuracy
-    assert re.search(r"fedavg \S+ \[\S+, \S+\] NOT CONVERGED", answer) and answer.count("NOT CONVERGED") == 1
+    assert re.search(r"fedavg \S+ \[\S+, \S+\] NOT CONVERGED", answer) and answer.count("NOT CONVERGED") == 2
+    cells = {r["method"]: r["held-out accuracy [95% CI]"] for r in md_table(md, "method", after="## The answer")}
+    assert "NOT CONVERGED" in cells["fedavg"] and "NOT CONVERGED" not in cells["feddg"]   # and in its table
 
 
 def test_single_seed_has_no_std(tmp_path):

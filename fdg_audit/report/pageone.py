@@ -12,6 +12,8 @@ and report.html and closing the terminal output.
   every channel; of the adversaries' cells the one that clears its baseline by most, the server's on a tie): value
   vs baseline, the call ("LEAK" when it clears its baseline), the channel (artifact) that carries it and Δ to the
   reference method over channels; held-out accuracy with its Δ and call; MB sent per run.
+* A method whose accuracy row is NOT CONVERGED (``tables.not_converged``) says so beside its accuracy, in the
+  sentence and in the matrix.
 """
 from __future__ import annotations
 
@@ -71,11 +73,16 @@ def _cell(r: dict | None, comps: list[dict], g: tuple) -> str:
         + (f" ({who})" if who else "") + (f"; {dl}" if dl else "")
 
 
-def _acc(r: dict | None, comps: list[dict], g: tuple) -> str:
+def _acc(r: dict | None, comps: list[dict], g: tuple, late: set) -> str:
     if r is None:
         return "—"
     dl = _delta(_vs_ref(comps, g, "accuracy", ""), 3)
-    return ci(r, d=3) + (f"; {dl}" if dl else "")
+    return ci(r, d=3) + " NOT CONVERGED" * (g in late) + (f"; {dl}" if dl else "")
+
+
+def _not_converged(res) -> set:
+    """The groups (dataset, method, variant) whose accuracy row is NOT CONVERGED (``tables.not_converged``)."""
+    return {r["key"] for r in T.accuracy_table(res) if T.not_converged(r)}
 
 
 def _smallest(curve: list[dict], g: tuple) -> str:
@@ -94,7 +101,7 @@ def matrix(res, card: list[dict], comps: list[dict], by: dict, curve: list[dict]
     client size gives the reconstruction cell of a family with fixed client sizes."""
     harms = [h for h in HARMS if h != "none" and any(r["harm"] == h and primary(r.get("setting", "")) for r in card)]
     many = len(res.groups()) != len({g[0] for g in res.groups()}) and len({g[0] for g in res.groups()}) > 1
-    rows = []
+    rows, late = [], _not_converged(res)
     for g in res.groups():
         mine = [_main(card, *g, h) for h in harms]
         if not any(mine) and not _main(card, *g, "accuracy"):
@@ -103,7 +110,7 @@ def matrix(res, card: list[dict], comps: list[dict], by: dict, curve: list[dict]
         cells = [(_smallest(curve, g) if h == "reconstruction" else "") or _cell(r, comps, g)
                  for h, r in zip(harms, mine)]
         rows.append(([g[0]] if many else []) + [g[1] + g[2]] + cells
-                    + [_acc(_main(card, *g, "accuracy"), comps, g), mb])
+                    + [_acc(_main(card, *g, "accuracy"), comps, g, late), mb])
     return (["family"] if many else []) + ["method"] + harms + ["held-out accuracy [95% CI]", "sent per run"], rows
 
 
@@ -170,9 +177,9 @@ def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
     calls = [c for c in comps if c["harm"] == "accuracy" and c["ga"][0] == fam]
     diff = _join([f"{c['ga'][1]} − {c['gb'][1]} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
                   for c in calls], "no paired runs to compare")
-    late = {(r["method"], r["variant"]) for r in T.accuracy_table(res) if r["dataset"] == fam and T.not_converged(r)}
+    late = _not_converged(res)
     return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}"
-                     + " NOT CONVERGED" * ((r["method"], r["variant"]) in late) for r in acc) + f" ({diff})"
+                     + " NOT CONVERGED" * ((fam, r["method"], r["variant"]) in late) for r in acc) + f" ({diff})"
 
 
 def _between(comps: list[dict], fam: str) -> str:
