@@ -154,3 +154,12 @@ if __name__ == "__main__":
         print(f"  {n:2d}: " + " ".join(sorted(v.removeprefix("fdg_audit.") for v in g if lay[v] == n)))
     print("functions over", MAX_FUNCTION, "lines:", [f for f in functions() if f[0] > MAX_FUNCTION] or "none")
     print("modules over", MAX_MODULE, "lines:", [m for m in module_sizes() if m[0] > MAX_MODULE] or "none")
+
+
+def test_the_report_package_stands_on_at_most_7_import_floors():
+    """fdg_audit/report/ counted alone (issue 46): its modules' layers over imports among themselves, 0 to 6."""
+    g = graph()
+    rep = {k: {w for w in v if w.startswith("fdg_audit.report")} for k, v in g.items()
+           if k.startswith("fdg_audit.report")}
+    floors = layers(rep)
+    assert len(rep) > 5 and max(floors.values()) + 1 <= 7, sorted(floors.items(), key=lambda kv: kv[1])

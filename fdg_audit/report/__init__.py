@@ -13,82 +13,40 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 
 from ..store.ledger import atomic_write
-from ..metrics.registry import HARMS, card_metrics, info
+from ..metrics.registry import info
 from ..metrics import stats as S
 from ..metrics.stats import CALLS_TEXT
 from . import compare as CMP
 from . import curves as CV
+from . import model as M
 from . import plots as P
 from . import scorecard as SC
 from . import tables as T
+from .answer import answer_figure, strips
 from .dp import dp_section
-from .html import write_html
+from .html import anchor, write_html
 from .pageone import page_one_md, page_one_text
-from .formatting import ci, clean, fmt, fmt_metric, md_table, md_text, num, slug, text_table
-from .traffic import bytes_lines, bytes_md, bytes_table
+from .formatting import ci, clean, fmt, fmt_metric, md_table, md_text, slug
+from .traffic import bytes_md, bytes_table
 from .threat import legend_md
-from .tradeoff import tradeoff
-from .verdict import clears, differences_md, side, verdict_md
+from .verdict import clears, differences_md, verdict_md
 
 __all__ = ["write_report", "headline", "clears"]
 
 
 def headline(root) -> str:
-    """The scenario's terminal summary: the scorecard, compact (one row per method, one column per harm: the
-    held-out strongest attack's value vs its baseline, with the adversary), then bytes on the bus."""
-    res = T.load([root])
-    card = SC.scorecard(res)
-    by = bytes_table(res.envelopes, res.ok)
-    harms = [h for h in ("accuracy",) + HARMS if any(r["harm"] == h for r in card)]
-    rows = []
-    for g in res.groups():
-        mine = [r for r in card if (r["dataset"], r["method"], r["variant"]) == g and not SC.again(r)]
-        cells = []
-        for h in harms:
-            rs = [r for r in mine if r["harm"] == h]
-            if h == "accuracy":
-                cells.append("\n".join(f"{ci(r)}" + (f"\nΔ {ci(r, 'diff_ref')}" if r["diff_ref"] else "")
-                                       for r in rs) or "—")
-            else:
-                cells.append("\n".join(_short(r) for r in rs) or "—")
-        eps = next((r["epsilon"] for r in mine), "inf")
-        rows.append([res.label(g)] + cells + [eps, f"{by[g]['total'] / 1e6:.2f}" if g in by else "—"])
-    names = {h: info(card_metrics(h)[-1]).label for h in harms if h != "accuracy"}
-    names["accuracy"] = "held-out acc [95% CI]"
-    out = ["privacy scorecard (scorecard.csv): value [95% CI] vs trivial baseline; strongest attack output "
-           "cross-fitted on halves of the items; Δ: paired difference to "
-           f"{res.reference or 'the reference (none recorded)'}",
-           text_table(["method"] + [names[h] for h in harms] + ["ε", "MB/run"], rows)]
-    if T.adaptation_note(res):
-        out.append(T.adaptation_note(res))
-    failed = [r["run"] for r in res.runs if r.get("status") != "ok"]
+    """The scenario's terminal summary: page one (wrapped at 100 columns) and where the report is."""
+    m = M.build(T.load([root]))
+    fig = "answer.png" if (Path(root) / "plots" / "answer.png").is_file() else None
+    out = [page_one_text(m, fig)]
+    failed = [r["run"] for r in m.res.runs if r.get("status") != "ok"]
     if failed:
         out.append(f"failed runs ({len(failed)}): " + ", ".join(failed))
-    if by:
-        out += ["", "bytes on the bus by artifact kind (↑ client→server, ↓ server→client), mean per run:"]
-        out += bytes_lines(res, by)
-    figs = sorted(p.name for p in (Path(root) / "plots").glob("tradeoff_*.png"))
-    out.append(page_one_text(res, card, CMP.between(res, card), CV.by_size(res), by, figs))
     return "\n".join(out)
-
-
-def _short(r: dict) -> str:
-    """One leakage cell in the terminal: adversary (and setting), value vs baseline, the reading; a re-identification
-    cell's aligned PSNR (vs its baseline) and share at >= 20 dB, a dB cell's share at >= 25 dB and median, a
-    membership cell's pool."""
-    out = f"{r['adversary'][:6]}" + (f" [{r['setting']}]" if r.get("setting") else "") + \
-        f": {ci(r)} vs {ci(r, 'baseline')}" + (f" ({r['reading'].split(':')[0]})" if r.get("reading") else "")
-    if r.get("psnr"):    # a re-identification cell: the same attack's aligned PSNR beside it
-        out += (f"\n  PSNR {num(r['psnr']):.1f} vs {num(r['baseline_psnr']):.1f} dB, >=20 dB "
-                f"{num(r['success_20dB']):.2f}")
-    elif r.get("success_25dB") and r.get("median"):
-        out += f"\n  >=25 dB {num(r['success_25dB']):.2f}, median {num(r['median']):.1f} dB"
-    if r.get("pool_members") not in ("", None):
-        out += f"\n  pool {r['pool_members']}/{r['pool_nonmembers']}"
-    return out
 
 
 # ------------------------------------------------------------------------------------------- report.md
@@ -215,70 +173,37 @@ def _conv(c) -> str:
     return c if done == n else f"{c} NOT CONVERGED"
 
 
-def _scorecard_md(res, card) -> list[str]:
-    ref = res.reference or "reference"
-    md = ["## Privacy scorecard", "",
-          "One row per method, harm (and setting: with fixed client sizes, one per size) and adversary "
-          "(scorecard.csv). **value**: the attack output (attack × artifact × variant × round, over every victim) "
-          "strongest on one half of the images/candidates of all runs scores the other half, and the reverse "
-          "(selection \"crossfit\"; \"single\" when there is one candidate); per run (held-out target × seed) the "
-          "mean over its items, then the mean over runs. **baseline**: the chosen outputs' own trivial attack (mean "
-          "or flat image, chance, the known victim's domain) on the same items. Brackets: 95% Student-t interval "
-          "over the runs' values (one run: the bootstrap over its items; fdg_audit/metrics/stats.py). "
-          f"**Δ {ref}**: this cell minus the cell of the scenario's reference method ({ref}; column `reference` of "
-          "scorecard.csv), paired by target and seed: the leakage (or accuracy) a method adds beyond the reference, "
-          "with n paired runs and the call on its t-test p-value Holm-adjusted over every Δ of the scorecard ("
-          + CALLS_TEXT + "); only between cells of the same "
-          "attack, prior and budget (columns prior, budget) that both beat their baselines. A value that does not "
-          "beat its own baseline reads \"no reconstruction at "
-          "this budget\" (or \"not above baseline\"; \"vacuous\" when the baseline is already perfect, e.g. a "
-          "victim's domain that its client name gives). PSNR is capped at 60 dB (8-bit precision reaches 58.9 dB) and "
-          "intervals are cut to each metric's range (a Δ's to the range of a difference: ±1 for AUC, re-identification "
-          "and accuracy). **also**: for PSNR the headlines, the share of held-out images "
-          "at >= 25 dB and the median PSNR (the baseline's in brackets); for membership the pool of calibrated "
-          "held-out scores over victims and runs (within-model quantiles), its smallest detectable AUC (one-sided "
-          "test against 0.5, alpha 0.05, power 0.8, Hanley-McNeil variance) and TPR at 1% / 0.1% FPR where the pool "
-          "has >= 100 / >= 1000 non-members; below 500 members or non-members a cell is \"not resolvable\" and its "
-          "Δ is not tested. **[any channel]**: per harm, adversary and method, the main cell again (the strongest "
-          "attack over every channel the method sends; the channel in column attack (artifact)) with its Δ to "
-          f"{ref} whatever the attack and channel: the comparison of \"Between methods\" (comparisons.csv), paired by "
-          "target and seed, Holm-adjusted over those comparisons. For a re-identification cell, **also** gives the "
-          "same chosen attack's aligned PSNR, its shares of held-out images at >= 20 dB and >= 25 dB (each with the "
-          "baseline's, on the same runs, victims and images) and the CPU seconds it spent per victim. "
-          "The chosen attack's threat model (prior, budget, what the attacker knows and assumes; "
-          "oracle outputs are never the headline, see the per-victim table) is stated once per attack in \"Attacks "
-          "and their threat models\"; differences across attacks and channels are in \"Between methods\". A harm "
-          "in [brackets] names a setting an attack reports in a row of its own, or an artifact sent outside "
-          "every DP mechanism of its run (its own row, at its own ε). "
-          "**converged**: runs whose selected round is before the last "
-          "10% of their rounds, of all runs. "
-          "**control**: the attacks' positive/negative controls (failed: \"not measurable\", never \"no leak\").", ""]
-    for ds in dict.fromkeys(r["dataset"] for r in card):
-        body = [[r["method"] + r["variant"], r["harm"] + (f" [{r['setting']}]" if r.get("setting") else ""),
-                 r["adversary"] or "—", r["metric"], ci(r) + (f" ({r['reading']})" if r.get("reading") and not
-                                                              SC.again(r) else ""),
-                 ci(r, "baseline"), ci(r, "diff_ref"), "as the row above" if SC.again(r) else side(r) or "—",
-                 f"{r['attack']} ({r['artifact']})" if r["attack"] else "—", r["control"],
-                 r["selection"] or "—", f"{r['n_runs']}" + (f" / {r['n_items']}" if r["n_items"] != "" else ""),
-                 r["epsilon"], _conv(r.get("converged"))]
-                for r in card if r["dataset"] == ds]
-        md += [f"### {md_text(ds, 120)}", "", md_table(["method", "harm", "adversary", "metric", "value [95% CI]",
-                                          "baseline [95% CI]", f"Δ {ref} [95% CI]", "also", "attack (artifact)",
-                                          "control", "selection",
-                                          "runs / items", "ε", "converged"], body), ""]
-    return md
+LEGEND = [
+    ("row", "the row's stable id (family, method, harm, setting, adversary): page one links to it"),
+    ("value [95% CI]", "the cell's number, mean over runs (held-out target x seed), 95% Student-t interval over the "
+                       "runs, n runs (one run: the bootstrap over its items)"),
+    ("chosen channel", "the attack and artifact the cross-fitted rule chose: the output strongest on one half of the "
+                       "items scores the other half, and the reverse, over every channel the method sends"),
+    ("baseline", "the chosen output's own baseline on the same items: the strongest guess an attacker has for free "
+                 "where the attack names one (its name in brackets), else the trivial one (mean image, chance)"),
+    ("reading", "leak: the whole interval beyond the baseline's. no leak above baseline: it is not. not attacked: "
+                "no row. not measurable: a control failed. not resolvable: a membership pool too small. vacuous: "
+                "the baseline is already perfect"),
+    ("Δ [95% CI], call", "the row's one comparison (comparisons.csv, same id): this cell minus the reference "
+                         "method's cell at the same harm, adversary and setting whatever the channel (a channel's "
+                         "own row: minus its method's other channel), paired by target and seed, Holm-adjusted "
+                         "over every comparison of the report. " + CALLS_TEXT),
+    ("bytes", "scorecard.csv: mean bytes on the bus per run of the method's runs"),
+]
 
 
-def _tradeoff_md(res, files) -> list[str]:
-    if not files:
-        return []
-    md = ["## Accuracy against leakage", "",
-          "One figure per dataset family, one panel per harm (reconstruction, membership): each method at its "
-          "held-out accuracy (y) and its scorecard cell (x: the strongest attack over every channel it sends, held-out "
-          "choice), 95% Student-t intervals both ways, labelled with the channel that leaks; one colour per method "
-          "in every figure; the grey bar on each point's row is that cell's trivial baseline.", ""]
-    for ds, f in files:
-        md += [f"### {md_text(ds, 120)}", "", _img(f, f"accuracy against leakage, {ds}"), ""]
+def _scorecard_md(m) -> list[str]:
+    md = ["## Privacy scorecard", "", md_table(["term", "meaning"], [[a, b] for a, b in LEGEND]), ""]
+    for ds in m.families():
+        body = [[f"`{c.id}`", c.method, c.harm, c.setting or "—", c.adversary or "—",
+                 f"{ci(c.row)} (n {c.n})", f"{c.row['attack']} ({c.row['artifact']})" if c.attack else "—",
+                 ci(c.row, "baseline") + (f" ({c.baseline_kind})" if c.baseline_kind != "trivial" else ""),
+                 c.state if c.harm != "accuracy" else "—",
+                 f"{ci(c.row, 'diff_ref')} vs {c.row['reference']}" if c.comparison else "—"]
+                for c in m.cells if c.group[0] == ds]
+        md += [f"### {md_text(ds, 120)}", "", md_table(["row", "method", "harm", "setting", "adversary",
+                                                        "value [95% CI]", "chosen channel", "baseline", "reading",
+                                                        "Δ [95% CI], call"], body), ""]
     return md
 
 
@@ -302,13 +227,20 @@ def _csv(path: Path, fields: list[str], rows: list[dict]) -> None:
 
 
 def _runs_md(res, run_dirs, runs_md) -> list[str]:
+    """The run folders by name (never the producing machine's absolute path), their status and failures."""
     failed = [r for r in res.runs if r.get("status") != "ok"]
-    md = ["## Runs", "", md_text(f"Run folders: {', '.join(str(r) for r in res.roots)}. Runs: {len(res.ok)} finished"
+    names = ", ".join(Path(r).name for r in res.roots)
+    md = ["## Runs", "", md_text(f"Run folders: {names}. Runs: {len(res.ok)} finished"
                                  + (f", {len(failed)} failed" if failed else "") + "."), ""]
-    md += [clean(line, 20000) for line in runs_md]   # ledger.status_lines: run ids in code spans, shown as they are
+    md += [clean(_relative(line), 20000) for line in runs_md]   # ledger.status_lines: run ids in code spans
     code = lambda x: "`" + clean(x, 200).replace("`", "'") + "`"  # noqa: E731  (a code span shows text as it is)
-    md += [f"- failed: {code(r['run'])}: {md_text(r.get('error', ''), 2000)}" for r in failed]
-    return md + [f"- note: {md_text(n, 2000)}" for n in res.notes] + [""]
+    md += [f"- failed: {code(r['run'])}: {md_text(_relative(r.get('error', '')), 2000)}" for r in failed]
+    return md + [f"- note: {md_text(_relative(n), 2000)}" for n in res.notes] + [""]
+
+
+def _relative(text: str) -> str:
+    """``text`` with every absolute path cut to its last part (a committed report names no machine's folders)."""
+    return re.sub(r"(?<![\w.])/(?:[^\s`'\"/]+/)*([^\s`'\"/]+)", r"\1", str(text))
 
 
 def _figures_md(roc_files, rec_files) -> list[str]:
@@ -326,37 +258,47 @@ def _figures_md(roc_files, rec_files) -> list[str]:
     return md
 
 
+def _toc(md: list[str]) -> str:
+    """One line of links to report.md's ``## `` sections after page one."""
+    heads = [x[3:].strip() for x in md if x.startswith("## ")][1:]
+    return "Contents: " + " · ".join(f"[{h}](#{anchor(h)})" for h in heads) + \
+        " · files: [scorecard.csv](scorecard.csv) · [comparisons.csv](comparisons.csv)"
+
+
 def write_report(run_dirs, out, quiet: bool = False) -> Path:
-    """Aggregate run folders into ``out/report.md`` (page one, then details under headings) and ``out/report.html``
-    (the same, one self-contained file) with figures in ``out/plots/``, scorecard.csv and comparisons.csv; returns
-    report.md."""
+    """Aggregate run folders into ``out/report.md`` (page one, the scorecard, per-family sections, then the appendix)
+    and ``out/report.html`` (the same, one self-contained file) with figures in ``out/plots/``, scorecard.csv and
+    comparisons.csv, all read off one results model (report/model.py); returns report.md."""
     from ..store.ledger import status_lines
     out = Path(out)
     plots = out / "plots"
     runs_md = status_lines(run_dirs)   # checks each folder first: damage is one line, not a traceback
     res = T.load(run_dirs)
+    m = M.build(res)
     acc, leak, eps = T.accuracy_table(res), T.leakage_table(res), T.privacy_table(res)
     by = bytes_table(res.envelopes, res.ok)
-    card = SC.scorecard(res)
-    comps = CMP.between(res, card)
+    card, comps = m.rows(), CMP.between(res, [c.row for c in m.cells])
     _csv(out / "scorecard.csv", SC.FIELDS, card)
     _csv(out / "comparisons.csv", CMP.FIELDS, CMP.csv_rows(comps))
     acc_files = P.accuracy(res, acc, plots) + P.sweep(res, acc, plots)
     curve = CV.by_size(res)
-    trade_files = tradeoff(res, card, plots, curve)
+    fig, strip_files = answer_figure(m, plots), strips(m, plots)
     byte_files = P.bytes_per_round(res, by, plots)
     eps_files = P.privacy(res, acc, eps, plots)
     roc_files, rec_files = P.roc(res, plots), P.recon(res, plots)
     curve_files = P.size_curve(res, curve, plots)
-    md = [f"# fdg_audit report: {md_text(', '.join(dict.fromkeys(res.scenarios)), 200)}", ""]
-    md += page_one_md(res, card, comps, curve, by, [f for _, f in trade_files])
-    md += _scorecard_md(res, card) + CMP.between_md(comps) + legend_md(res) + verdict_md(res, card)
-    md += differences_md(comps) + CV.domain_md(res, CV.per_domain(res)) + CV.curve_md(res, curve, curve_files)
-    md += _tradeoff_md(res, trade_files) + _runs_md(res, run_dirs, runs_md)
-    md += _accuracy_md(res, acc, acc_files) + _leakage_md(res, leak, res.controls)
-    md += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files]) + _privacy_md(res, acc, eps, eps_files)
-    md += dp_section(card, res.ok, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε
-    md += _figures_md(roc_files, rec_files)
+    body = page_one_md(m, fig, strip_files)
+    body += _scorecard_md(m) + CMP.between_md(comps) + differences_md(comps)
+    body += _accuracy_md(res, acc, acc_files)
+    body += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files]) + _privacy_md(res, acc, eps, eps_files)
+    body += ["## Appendix", "", "Detail tables: every attack output, the verdict per method, reconstruction per "
+             "client size and per victim domain, the attacks' threat models, the runs, ROC curves and "
+             "reconstruction grids.", ""]
+    body += verdict_md(res, card) + CV.domain_md(res, CV.per_domain(res)) + CV.curve_md(res, curve, curve_files)
+    body += legend_md(res) + _leakage_md(res, leak, res.controls) + _runs_md(res, run_dirs, runs_md)
+    body += dp_section(card, res.ok, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε
+    body += _figures_md(roc_files, rec_files)
+    md = [f"# fdg_audit report: {md_text(', '.join(dict.fromkeys(res.scenarios)), 200)}", "", _toc(body), ""] + body
     path = out / "report.md"
     atomic_write(path, "\n".join(md))
     write_html(md, out)

@@ -34,7 +34,7 @@ from ..metrics.registry import info
 SUCCESS_DB = 25.0
 # re-identification's companions: registry metric -> (scorecard column, prefix of its interval columns)
 COMPANIONS = {"psnr": ("psnr", "psnr"), "success@20dB": ("success_20dB", "success_20dB"),
-              "success@25dB": ("success_25dB", "success")}
+              "success@25dB": ("success_25dB", "success"), "legible": ("legible", "legible")}
 TPR_AT = (0.01, 0.001)
 NAN = float("nan")
 

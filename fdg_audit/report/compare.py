@@ -28,7 +28,7 @@ from . import select as SC
 from . import tables as T
 from .formatting import md_table
 
-FIELDS = ["dataset", "harm", "setting", "adversary", "a", "b", "metric", "channel_a", "channel_b", "attack_a", "attack_b",
+FIELDS = ["id", "dataset", "harm", "setting", "adversary", "a", "b", "metric", "channel_a", "channel_b", "attack_a", "attack_b",
           "diff", "lo", "hi", "n", "p_holm", "call"]
 
 
@@ -44,9 +44,10 @@ def is_reference(res: T.Results, g: tuple) -> bool:
                                        for r in res.ok)
 
 
-def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role: str, setting: str) -> dict | None:
-    """The paired difference of two groups' cells of one harm, adversary and setting, or None."""
-    sa, sb = chosen.get((a, harm, role, setting)), chosen.get((b, harm, role, setting))
+def _leak(res: T.Results, card: list[dict], chosen: dict, ka: tuple, kb: tuple) -> dict | None:
+    """The paired difference of two cells (keys of ``select.selections``: two groups' cells of one harm, adversary
+    and setting, or two channels' cells of one group), or None."""
+    sa, sb = chosen.get(ka), chosen.get(kb)
     if not sa or not sb:
         return None
     tag = {r["run"]: (r["target"], r["seed"]) for r in res.ok}
@@ -61,17 +62,16 @@ def _leak(res: T.Results, card: list[dict], chosen: dict, a, b, harm: str, role:
         S.paired([x["items"] for _, x, _ in pairs], [y["items"] for _, _, y in pairs], metric=metric)
     c = SC.cut_diff(c, metric)
     cell = {(r["dataset"], r["method"], r["variant"], r["harm"], r["adversary"], r["setting"]): r for r in card}
-    unres = any(str(cell.get(g + (harm, role, setting), {}).get("reading", "")).startswith("not resolvable")
-                for g in (a, b))
+    unres = any(str(cell.get(k[0] + k[1:], {}).get("reading", "")).startswith("not resolvable") for k in (ka, kb))
     pick = lambda k, i: SC._mode(p[i]["chosen"][k] for p in pairs)  # noqa: E731
-    return dict(c, harm=harm, adversary=role, setting=setting, metric=pick("metric", 1), channel_a=pick("artifact", 1),
-                channel_b=pick("artifact", 2), attack_a=pick("attack", 1), attack_b=pick("attack", 2),
-                _unresolved=unres)
+    return dict(c, harm=ka[1], adversary=ka[2], setting=SC.channel_base(ka[3]), metric=pick("metric", 1),
+                channel_a=pick("artifact", 1), channel_b=pick("artifact", 2), attack_a=pick("attack", 1),
+                attack_b=pick("attack", 2), _unresolved=unres, cell_a=ka, cell_b=kb)
 
 
 def between(res: T.Results, card: list[dict]) -> list[dict]:
-    """Rows of comparisons.csv (``FIELDS``): accuracy and every harm x adversary, every two methods of a family
-    (``card``: the scorecard's rows; computed once per Results)."""
+    """Rows of comparisons.csv (``FIELDS``): accuracy and every harm x adversary, every two methods of a family, and
+    every two channels of a method that sends several (``card``: the scorecard's rows; computed once per Results)."""
     if "between" not in res.cache:
         res.cache["between"] = _between(res, card)
     return res.cache["between"]
@@ -90,11 +90,21 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
                 d = S.paired_values(np.array([acc[a][k] for k in common]), np.array([acc[b][k] for k in common]),
                                     np.array([k[0] for k in common]), "target_acc")
                 out.append(SC.cut_diff(d, "target_acc") | dict(harm="accuracy", adversary="", setting="",
-                                                               metric="target_acc", ga=a, gb=b))
+                                                               metric="target_acc", ga=a, gb=b, cell_a=(a,),
+                                                               cell_b=(b,)))
             for harm, role, setting in cells:
-                d = _leak(res, card, chosen, a, b, harm, role, setting)
+                d = _leak(res, card, chosen, (a, harm, role, setting), (b, harm, role, setting))
                 if d:
                     out.append(d | dict(ga=a, gb=b))
+        for g in gs:   # one method's channels against each other: the same runs and items, paired by run
+            for harm, role, setting in cells:
+                chans = sorted(k[3] for k in chosen if k[:3] == (g, harm, role) and SC.channel_of(k[3])
+                               and SC.channel_base(k[3]) == setting)
+                for i, x in enumerate(chans):
+                    for y in chans[i + 1:]:
+                        d = _leak(res, card, chosen, (g, harm, role, x), (g, harm, role, y))
+                        if d:
+                            out.append(d | dict(ga=g, gb=g))
     tested = [c for c in out if not c.get("_unresolved")]
     for c, h in zip(tested, S.holm_calls(tested)):
         c |= dict(p_holm=h["p_holm"], call=h["call"])
@@ -103,35 +113,16 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
             c |= dict(p_holm=float("nan"), call="not resolvable")
         c |= dict(dataset=c["ga"][0], a=res.label(c["ga"]), b=res.label(c["gb"]), diff=c["mean"],
                   ref=is_reference(res, c["gb"]) and not is_reference(res, c["ga"]))
+        c["id"] = comparison_id(c)
     return out
 
 
-def _flip(c: dict) -> dict:
-    """B − A of a comparison A − B."""
-    return c | dict(diff=-c["diff"], lo=-c["hi"], hi=-c["lo"])
-
-
-def any_channel_rows(res: T.Results, card: list[dict]) -> list[dict]:
-    """The scorecard's rows with, after each leakage cell of a primary setting (``scorecard.primary``: the main row,
-    or one client size), the same cell in setting ``scorecard.ANY_CHANNEL`` (after the size, if any) whose diff_ref
-    columns hold ``between``'s comparison with the reference method's group (``scorecard.reference_group``; whatever
-    the attack and channel, Holm over comparisons.csv's family)."""
-    comps, out, f = between(res, card), [], SC._fmt
-    for r in card:
-        out.append(r)
-        if r["harm"] == "accuracy" or not SC.primary(r["setting"]):
-            continue
-        g = (r["dataset"], r["method"], r["variant"])
-        ref = SC.reference_group(res, g)
-        row = dict(r, setting=", ".join(filter(None, (r["setting"], SC.ANY_CHANNEL))))
-        row |= {k: "" for k in r if k.startswith("diff_") or k == "reference"}
-        c = next((c if c["ga"] == g else _flip(c) for c in comps if {c["ga"], c["gb"]} == {g, ref}
-                  and (c["harm"], c["adversary"], c["setting"]) == (r["harm"], r["adversary"], r["setting"])), None)
-        if c:
-            row |= dict(reference=res.label(ref), diff_ref=f(c["diff"]), diff_ref_ci_low=f(c["lo"]),
-                        diff_ref_ci_high=f(c["hi"]), diff_n=c["n"], diff_p_holm=f(c["p_holm"]), diff_call=c["call"])
-        out.append(row)
-    return out
+def comparison_id(c: dict) -> str:
+    """A comparison's stable id: family, the two cells (method, and channel where two channels of one method are
+    compared), harm, adversary and setting, in words joined by dots (no run order in it)."""
+    who = lambda g, ch: (g[1] + g[2]) + (f"-{ch}" if c["ga"] == c["gb"] else "")  # noqa: E731
+    return SC.stable_id("vs", c["ga"][0], who(c["ga"], c.get("channel_a")) + "-minus-" + who(c["gb"], c.get("channel_b")),
+                        c["harm"], c["adversary"], c["setting"])
 
 
 def csv_rows(comps: list[dict]) -> list[dict]:

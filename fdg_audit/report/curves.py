@@ -21,18 +21,12 @@ from ..metrics import stats as S
 from ..metrics.image import PSNR_CAP_DB
 from ..metrics.registry import card_metrics, info
 from . import tables as T
+from .tables import client_size
 from . import threat as TH
 from .formatting import md_table, num
 
 HEADLINE = card_metrics("reconstruction")[0]    # the reconstruction headline, whatever the channel (registry)
 METRICS = {HEADLINE: min(info(HEADLINE).hi, PSNR_CAP_DB), "psnr": PSNR_CAP_DB}   # metric -> top of its range
-
-
-def client_size(run: dict, victim: str) -> int | None:
-    """The training-set size of client ``victim`` ("<domain>/<k>") in a run whose data config sets client_sizes."""
-    sizes = (run.get("data") or {}).get("client_sizes") or []
-    dom, _, k = victim.rpartition("/")
-    return int(sizes[int(k)]) if dom and k.isdigit() and int(k) < len(sizes) else None
 
 
 def _ci(values, top: float) -> dict:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..metrics.registry import HARMS
 from .formatting import num, slug
-from .scorecard import again
-from .traffic import gkey
+from .select import per_channel
+from .formatting import gkey
 
 CANARIES = ("canaries", "update_canaries", "gradient_canaries")   # fdg_audit.privacy.AuditConfig's canary counts
 
@@ -145,7 +145,7 @@ def dp_section(scorecard_rows: list[dict], runs: list[dict], privacy_rows: list[
     plots_dir = Path(plots_dir)
     line = lines_of(runs)
     rows = [r for r in scorecard_rows if line.get((r.get("dataset", ""), r["method"], r.get("variant", "")))
-            and not again(r)]   # a main cell again, with its Δ over channels
+            and not per_channel(r)]   # a main cell again, with its Δ over channels
     if not rows or all(math.isinf(budget(r.get("epsilon"))) for r in rows):
         return []
     out = ["## Privacy: accuracy and leakage against ε", "",

@@ -101,3 +101,13 @@ def text_table(headers: list[str], rows: list[list]) -> str:
 
 def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "x"
+
+
+def gkey(r: dict) -> tuple:
+    """A run's group: (dataset, method label, sweep variant)."""
+    return (str(r.get("dataset", "")), str(r.get("method", "")), str(r.get("variant", "") or ""))
+
+
+def words(x: str) -> str:
+    """A name in words for prose: underscores and "|" to spaces."""
+    return " ".join(str(x).replace("_", " ").replace("|", " ").split())

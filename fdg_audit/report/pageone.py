@@ -1,234 +1,236 @@
-"""Page one (issue 33, item 1): the answer in at most 25 lines, generated from the numbers only, opening report.md
-and report.html and closing the terminal output.
+"""Page one (issue 46, item 2): at most five plain sentences generated from the results model (report/model.py), in
+this order, each with one number, its 95% interval, its baseline or chance and n (runs), and a link to its
+scorecard row id:
 
-* One sentence per data set family, at most five (``family_sentence``): which channel of which method gives back
-  images, by the reconstruction headline (the same for every channel) with its 95% interval against chance; where the
-  family's clients have fixed sizes, the sizes whose interval clears the baseline's, per channel (size curve); the
-  other harms measured above baseline (cells whose whole interval clears their baseline's, ``verdict.clears``), with
-  their channel and adversary; the leakage differences between methods whatever the channel and the held-out
-  accuracy per method, with every difference between two methods and its call (paired by seed, Holm); bytes sent
-  per run.
-* The method x harm matrix (``matrix``): per family and method, each harm's main cell (the strongest attack over
-  every channel; of the adversaries' cells the one that clears its baseline by most, the server's on a tie): value
-  vs baseline, the call ("LEAK" when it clears its baseline), the channel (artifact) that carries it and Δ to the
-  reference method over channels; held-out accuracy with its Δ and call; MB sent per run.
-* A method whose accuracy row is NOT CONVERGED (``tables.not_converged``) says so beside its accuracy, in the
-  sentence and in the matrix.
+1. ``bank_vs_weights``: does one channel of a method (FedDG's bank) give back more than its other (its weights), and
+   at which client sizes (the channel comparisons: the same runs and items, paired); where only one channel was
+   attacked on whole-domain clients, that cell.
+2. ``weights_reach``: what the channel every method sends (the reference method's: the weights) gives back, up to
+   which client size, and from which size no method's clears its baseline ("legible" where the scorer measures it).
+3. ``membership``: the strongest membership cell, by TPR at 1% FPR against its chance, AUC beside it.
+4. ``accuracy``: a resolved held-out accuracy difference, or what the data rule out (the widest interval).
+5. ``traffic``: bytes sent per run as a percentage of the reference method's.
+
+No code identifiers (words only: underscores become spaces), no semicolons, effect size and interval first, the
+call word after. ``sentences`` returns them; ``page_one_md`` and ``page_one_text`` place them.
 """
 from __future__ import annotations
 
-from ..metrics.registry import HARMS, info
-from .curves import HEADLINE, smallest_point
-from .formatting import ci, human_bytes, md_table, md_text, num, text_table
-from .select import primary, size_of
-from . import tables as T
-from .verdict import clears
+import re
+import textwrap
 
-MAX_LINES = 25
+from .formatting import human_bytes, words
+from .model import WHOLE, Cell, Model
 
-
-def _main(card: list[dict], ds: str, method: str, variant: str, harm: str) -> dict | None:
-    rows = [r for r in card if (r["dataset"], r["method"], r["variant"], r["harm"]) == (ds, method, variant, harm)
-            and primary(r.get("setting", ""))]
-    rows.sort(key=lambda r: (not clears(r), -_margin(r), r["adversary"] != "server"))
-    return rows[0] if rows else None
+MAX_WORDS = 45
 
 
-def _margin(r: dict) -> float:
-    """How far a cell's value lies beyond its baseline, in the direction of more leakage (0 when unknown)."""
-    if r["harm"] == "accuracy":
-        return 0.0
-    m = num(r["value"]) - num(r["baseline"])
-    m = m if info(r["metric"].split("|")[0]).higher else -m
-    return m if m == m else 0.0
+def link(c: Cell) -> str:
+    return f"[↗](#{c.id})"
 
 
-def _label(r: dict) -> str:
-    return "held-out accuracy" if r["harm"] == "accuracy" else info(r["metric"].split("|")[0]).label
+def iv(v: float, lo: float, hi: float, d: int = 2, sign: bool = False) -> str:
+    f = (lambda x: f"{x:+.{d}f}") if sign else (lambda x: f"{x:.{d}f}")
+    return f(v) + ("" if lo != lo else f" [{f(lo)}, {f(hi)}]")
 
 
-def _vs_ref(comps: list[dict], g: tuple, harm: str, adversary: str) -> dict | None:
-    """The comparison of group ``g`` with the reference method (``compare.between`` puts the reference second)."""
-    return next((c for c in comps if c["ga"] == g and c["harm"] == harm and c["adversary"] == adversary
-                 and c.get("ref")), None)
+def runs(c: Cell) -> str:
+    return f"{c.n} run" + "s" * (c.n != 1)
 
 
-def _delta(c: dict | None, d: int) -> str:
-    if not c:
-        return ""
-    iv = "" if c["lo"] != c["lo"] else f" [{c['lo']:+.{d}f}, {c['hi']:+.{d}f}]"
-    return f"Δ {c['gb'][1]}{c['gb'][2]} {c['diff']:+.{d}f}{iv} {c['call']}"
+def size_words(c: Cell) -> str:
+    return "whole-domain clients" if c.size is None else f"clients of {c.size} image" + "s" * (c.size != 1)
 
 
-def _cell(r: dict | None, comps: list[dict], g: tuple) -> str:
-    if r is None:
-        return "—"
-    if r["value"] == "not measurable":
-        return "not measurable (control failed)"
-    call = "LEAK" if clears(r) else (r.get("reading") or "interval reaches baseline").split(":")[0]
-    d = 1 if info(r["metric"].split("|")[0]).unit == "dB" else 3
-    dl = _delta(_vs_ref(comps, g, r["harm"], r["adversary"]), d)
-    who = ", ".join(filter(None, (r["adversary"] if r["adversary"] != "server" else "", r.get("setting", ""))))
-    return f"{num(r['value']):.{d}f} vs {num(r['baseline']):.{d}f} {call} via {r['artifact']}" \
-        + (f" ({who})" if who else "") + (f"; {dl}" if dl else "")
+def _fit(parts: list[str]) -> str:
+    """The sentence of the leading parts that fit MAX_WORDS (the first always), closed by a full stop."""
+    out = parts[0]
+    for p in parts[1:]:
+        if len((out + p).split()) <= MAX_WORDS:
+            out += p
+    return out.rstrip(" ,") + "."
 
 
-def _acc(r: dict | None, comps: list[dict], g: tuple, late: set) -> str:
-    if r is None:
-        return "—"
-    dl = _delta(_vs_ref(comps, g, "accuracy", ""), 3)
-    return ci(r, d=3) + " NOT CONVERGED" * (g in late) + (f"; {dl}" if dl else "")
+def _at(m: Model, cmp) -> Cell | None:
+    """The cell that shows comparison ``cmp`` (its A cell)."""
+    return next((c for c in m.cells if c.comparison is cmp), None)
 
 
-def _not_converged(res) -> set:
-    """The groups (dataset, method, variant) whose accuracy row is NOT CONVERGED (``tables.not_converged``)."""
-    return {r["key"] for r in T.accuracy_table(res) if T.not_converged(r)}
+def bank_vs_weights(m: Model) -> str | None:
+    within = [c for c in m.comparisons if c.within and c.harm == "reconstruction"]
+    if not within:
+        return None
+    g = max({c.a for c in within}, key=lambda g: sum(c.a == g for c in within))
+    mine = [c for c in within if c.a == g]
+    a, b = words(mine[0].channel_a), words(mine[0].channel_b)
+    cells = {c.id: _at(m, c) for c in mine}
+    sizes = lambda cs: ", ".join(sorted({size_words(cells[c.id]).replace("clients of ", "")  # noqa: E731
+                                         for c in cs if cells[c.id]}, key=_size_key))
+    more = [c for c in mine if c.lo > 0 and c.call == "distinguishable"]
+    less = [c for c in mine if c.hi < 0 and c.call == "distinguishable"]
+    head = max(more or less or mine, key=lambda c: (abs(c.diff), -(cells[c.id].size or WHOLE)))
+    at = cells[head.id]
+    say = "more than" if head.diff > 0 else "less than"
+    parts = [f"{words(g[1] + g[2])}'s {a} minus its {b} is {iv(head.diff, head.lo, head.hi, sign=True)} in "
+             f"re-identification at {size_words(at)} on {words(g[0])} ({runs(at)}, {head.call}) {link(at)}"]
+    if more:
+        parts.append(f", so it gives back more at {sizes(more)}")
+    if less:
+        parts.append(f", less at {sizes(less)}")
+    if not more and not less:
+        parts.append(f", so neither channel is shown to give back {say} the other at any client size")
+    whole = [c for h in m.groups() if h[1:] == g[1:] and not m.sized(h[0])
+             for c in [m.main(h, "reconstruction")] if c and c.channel == "" and "|" not in c.artifact]
+    if whole:
+        w = max(whole, key=lambda c: c.value)
+        parts.append(f", and on whole-domain clients only its {words(w.artifact)} was attacked, at "
+                     f"{iv(w.value, w.lo, w.hi)} against {w.baseline:.2f} {link(w)}")
+    return _fit(parts)
 
 
-def _smallest(curve: list[dict], g: tuple) -> str:
-    """A reconstruction cell of a family with fixed client sizes (``curves.smallest_point``): value vs baseline, the
-    call and the channel ("" without a size curve)."""
-    c = smallest_point(curve, g)
-    if c is None:
-        return ""
-    n, call = c["size"], "LEAK" if _above(c) else "interval reaches baseline"
-    return f"{_iv(c['value'])} vs {c['baseline']['mean']:.2f} {call} at {n} image{'s' * (n > 1)} via {c['artifact']}"
+def _size_key(s: str) -> tuple:
+    return (0, int(s.split()[0])) if s[0].isdigit() else (1, 0)
 
 
-def matrix(res, card: list[dict], comps: list[dict], by: dict, curve: list[dict] = ()
-           ) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows) of the method x harm matrix (module doc); ``curve``: the size-curve points, whose smallest
-    client size gives the reconstruction cell of a family with fixed client sizes."""
-    harms = [h for h in HARMS if h != "none" and any(r["harm"] == h and primary(r.get("setting", "")) for r in card)]
-    many = len(res.groups()) != len({g[0] for g in res.groups()}) and len({g[0] for g in res.groups()}) > 1
-    rows, late = [], _not_converged(res)
-    for g in res.groups():
-        mine = [_main(card, *g, h) for h in harms]
-        if not any(mine) and not _main(card, *g, "accuracy"):
-            continue
-        mb = human_bytes(by[g]["total"]) if g in by else "—"
-        cells = [(_smallest(curve, g) if h == "reconstruction" else "") or _cell(r, comps, g)
-                 for h, r in zip(harms, mine)]
-        rows.append(([g[0]] if many else []) + [g[1] + g[2]] + cells
-                    + [_acc(_main(card, *g, "accuracy"), comps, g, late), mb])
-    return (["family"] if many else []) + ["method"] + harms + ["held-out accuracy [95% CI]", "sent per run"], rows
+def _weights(m: Model, g: tuple, setting: str, channel: str) -> Cell | None:
+    """A method's cell of one channel at a setting: its own channel cell, or its cell over every channel when that
+    is its only one."""
+    own = m.main(g, "reconstruction", ", ".join(filter(None, (setting, f"{channel} only"))))
+    if own:
+        return own
+    c = m.main(g, "reconstruction", setting)
+    return c if c and c.artifact == channel else None
 
 
-def _join(parts: list[str], empty: str = "none") -> str:
-    return "; ".join(parts) if parts else empty
+def weights_reach(m: Model) -> str | None:
+    ref = [g for g in m.groups() if g[1] == m.reference and m.sized(g[0])]
+    chans = [c.artifact for g in ref for c in [m.main(g, "reconstruction", s) for s in _settings(m, g)] if c]
+    if not chans:
+        return None
+    w = max(set(chans), key=chans.count)
+    reach = {}
+    for ds in {g[0] for g in ref}:
+        for s in _settings(m, ref[0] if ref[0][0] == ds else next(g for g in ref if g[0] == ds)):
+            cs = [c for g in m.groups(ds) if (c := _weights(m, g, s, w))]
+            reach.setdefault(ds, []).append((cs[0].size if cs else None, [c for c in cs if c.clears], cs))
+    best_ds = max(reach, key=lambda ds: max((n for n, ok, _ in reach[ds] if ok and n), default=0))
+    pts = sorted((p for p in reach[best_ds] if p[0]), key=lambda p: p[0])
+    leak = [p for p in pts if p[1]]
+    if not leak:
+        c = max((c for p in pts for c in p[2]), key=lambda c: c.value)
+        return _fit([f"No method's {words(w)} clear their baseline at any client size on {words(best_ds)}: the "
+                     f"highest is {iv(c.value, c.lo, c.hi)} against {c.baseline:.2f} ({runs(c)}) {link(c)}"])
+    top = leak[-1]
+    c = max(top[1], key=lambda c: c.value)
+    what = ("legible in " + iv(*c.legible[:3]) + f" of images against {c.legible[3]:.2f}") if c.legible else \
+        f"re-identified at {iv(c.value, c.lo, c.hi)} against {_kind(c)} {c.baseline:.2f}"
+    parts = [f"The {words(w)} give back images up to {size_words(c)} on {words(best_ds)}, where "
+             f"{words(c.method)}'s are {what} ({runs(c)}) {link(c)}"]
+    after = [p for p in pts if p[0] > top[0] and not p[1] and p[2]]
+    if after:
+        s = min(after, key=lambda p: p[0])
+        x = max(s[2], key=lambda c: c.value)
+        parts.append(f", and from {s[0]} images on no method's clear their baseline, the highest being "
+                     f"{iv(x.value, x.lo, x.hi)} {link(x)}")
+    return _fit(parts)
 
 
-def _iv(v: dict, d: int = 2) -> str:
-    """"m [lo, hi]" of a size-curve or domain statistic."""
-    return f"{v['mean']:.{d}f}" + ("" if v["lo"] != v["lo"] else f" [{v['lo']:.{d}f}, {v['hi']:.{d}f}]")
+def _kind(c: Cell) -> str:
+    return "a free guess of" if c.baseline_kind not in ("", "trivial") else "a baseline of"
 
 
-def _above(c: dict) -> bool:
-    """A size-curve point whose interval clears its baseline's (its mean where the baseline has no interval)."""
-    b = c["baseline"]
-    return c["value"]["lo"] > (b["hi"] if b["hi"] == b["hi"] else b["mean"])
+def _settings(m: Model, g: tuple) -> list[str]:
+    return sorted({c.setting for c in m.cells if c.group == g and c.harm == "reconstruction" and c.size is not None
+                   and c.channel == ""}, key=lambda s: int(s.split()[2]))
 
 
-def _recon(res, card: list[dict], curve: list[dict], g: tuple) -> str:
-    """What one method's channels give back: with fixed client sizes, per channel the sizes whose headline clears
-    its baseline, with the smallest size's number; else the scorecard cell when it clears."""
-    pts = [c for c in curve if c["key"] == g and c["metric"] == HEADLINE and not c["oracle"]]
-    if pts:
-        out = []
-        for art in dict.fromkeys(c["artifact"] for c in pts):
-            best = {}
-            for c in pts:   # per size, the channel's strongest attack output
-                if c["artifact"] == art and (c["size"] not in best or c["value"]["mean"] > best[c["size"]]["value"]["mean"]):
-                    best[c["size"]] = c
-            up = [best[n] for n in sorted(best) if _above(best[n])]
-            if up:
-                out.append(f"{art} at {', '.join(str(c['size']) for c in up)} of {', '.join(map(str, sorted(best)))} "
-                           f"images ({_iv(up[0]['value'])} at {up[0]['size']})")
-        return f"{g[1]}{g[2]}: " + ("; ".join(out) if out else "none above chance")
-    r = _main(card, *g, "reconstruction")
-    if r is None:
-        return ""
-    return f"{g[1]}{g[2]}: " + (f"{r['artifact']} {ci(r, d=2)}" if clears(r) else "none above chance")
+def membership(m: Model) -> str | None:
+    cs = [c for c in m.cells if c.harm == "membership" and c.setting == "" and c.measurable]
+    if not cs:
+        return "No membership attack ran in this job, so membership is not attacked here, which is not the same as no leak."
+    tpr = lambda c: c.row.get("tpr@0.01fpr")  # noqa: E731
+    with_tpr = [c for c in cs if tpr(c) not in ("", None)]
+    if not with_tpr:
+        c = max(cs, key=lambda c: c.value)
+        return _fit([f"Membership AUC is at most {iv(c.value, c.lo, c.hi)} against {c.baseline:.2f} for "
+                     f"{words(c.method)} on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}",
+                     ", and the pools are too small to read a true-positive rate at 1% false positives"])
+    c = max(with_tpr, key=lambda c: float(tpr(c)))
+    r = c.row
+    t = iv(float(r["tpr@0.01fpr"]), float(r["tpr@0.01fpr_ci_low"] or "nan"), float(r["tpr@0.01fpr_ci_high"] or "nan"),
+           d=3)
+    return _fit([f"Membership inference reaches a true-positive rate of {t} at 1% false positives against 0.010 by "
+                 f"chance, for {words(c.method)} on {words(c.group[0])} ({runs(c)}) {link(c)}",
+                 f", with AUC {iv(c.value, c.lo, c.hi, d=3)} ({c.state})"])
 
 
-def _chance(card: list[dict], curve: list[dict], fam: str) -> str:
-    b = [num(r["baseline"]) for r in card if r["dataset"] == fam and r["harm"] == "reconstruction"
-         and primary(r.get("setting", ""))] + [c["baseline"]["mean"] for c in curve if c["key"][0] == fam
-                                      and c["metric"] == HEADLINE]
-    b = sorted({f"{x:.2f}" for x in b if x == x})
-    return "-".join(b[::len(b) - 1] if len(b) > 1 else b) or "—"
+def accuracy(m: Model) -> str | None:
+    comps = [c for c in m.comparisons if c.harm == "accuracy" and c.b[1] == m.reference]
+    main = [c for c in comps if not m.sized(c.dataset)] or comps
+    if not main:
+        return None
+    firm = [c for c in main if c.call == "distinguishable"]
+    if firm:
+        c = max(firm, key=lambda c: abs(c.diff))
+        at = _at(m, c)
+        return _fit([f"{words(c.a[1] + c.a[2])} minus {words(c.b[1] + c.b[2])} in held-out accuracy on "
+                     f"{words(c.dataset)} is {iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}",
+                     f", and {len(main) - len(firm)} other accuracy differences are not resolved"])
+    c = max(main, key=lambda c: max(abs(c.lo), abs(c.hi)))
+    at = _at(m, c)
+    x = max(abs(c.lo), abs(c.hi))
+    return _fit([f"No held-out accuracy difference to {words(m.reference)} is resolved at this budget, every one lies "
+                 f"within ±{x:.3f} at 95%, the widest being {words(c.a[1] + c.a[2])} on {words(c.dataset)} at "
+                 f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}"])
 
 
-def _others(card: list[dict], fam: str) -> str:
-    """The other harms measured above baseline in a family: method harm via channel (adversary; the client sizes
-    where it clears, with fixed client sizes)."""
-    out = {}
-    for r in card:
-        if r["dataset"] == fam and r["harm"] not in ("reconstruction", "accuracy") and clears(r) \
-                and primary(r.get("setting", "")):
-            k = f"{r['method']}{r['variant']} {r['harm']} via {r['artifact']} ({r['adversary']}"
-            out.setdefault(k, []).append(size_of(r.get("setting", "")))
-    sizes = lambda n: f"; clients of {', '.join(map(str, sorted(n)))} image" + "s" * (n != [1]) + ")"  # noqa: E731
-    return _join([k + (sizes(n) if None not in n else ")") for k, n in out.items()])
+def traffic(m: Model) -> str | None:
+    pct = []
+    for g in m.groups():
+        ref = next((h for h in m.groups(g[0]) if h[1] == m.reference), None)
+        acc = m.main(g, "accuracy")
+        if ref and ref != g and g in m.bytes and ref in m.bytes and acc and not m.sized(g[0]):
+            pct.append((100 * m.bytes[g] / m.bytes[ref], g, acc, ref))
+    if not pct:
+        return None
+    p, g, acc, ref = max(pct, key=lambda t: t[0])
+    lo = min(t[0] for t in pct)
+    return _fit([f"{words(g[1] + g[2])} sends {human_bytes(m.bytes[g])} per run on {words(g[0])}, {p:.0f}% of "
+                 f"{words(m.reference)}'s {human_bytes(m.bytes[ref])} {link(acc)}",
+                 f", and every method sends {lo:.0f}% to {p:.0f}% of {words(m.reference)}'s bytes" if len(pct) > 1
+                 else ""])
 
 
-def _accuracy(res, card: list[dict], comps: list[dict], fam: str) -> str:
-    acc = [r for r in card if r["dataset"] == fam and r["harm"] == "accuracy" and not r.get("setting")]
-    calls = [c for c in comps if c["harm"] == "accuracy" and c["ga"][0] == fam]
-    diff = _join([f"{c['ga'][1]} − {c['gb'][1]} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
-                  for c in calls], "no paired runs to compare")
-    late = _not_converged(res)
-    return ", ".join(f"{r['method']}{r['variant']} {ci(r, d=3)}"
-                     + " NOT CONVERGED" * ((fam, r["method"], r["variant"]) in late) for r in acc) + f" ({diff})"
+def sentences(m: Model) -> list[str]:
+    """Page one's sentences (module doc), at most five."""
+    return [s for s in (bank_vs_weights(m), weights_reach(m), membership(m), accuracy(m), traffic(m)) if s][:5]
 
 
-def _between(comps: list[dict], fam: str) -> str:
-    """Leakage differences between methods whatever the channel (``compare.between``: per harm, adversary and, with
-    fixed client sizes, size), distinguishable or borderline."""
-    out = [f"{c['a']} − {c['b']} {c['harm']} ({', '.join(filter(None, (c['adversary'], c['setting'])))}; "
-           f"{c['channel_a']} vs {c['channel_b']}) {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}] {c['call']}"
-           for c in comps
-           if c["harm"] != "accuracy" and c["ga"][0] == fam and c["call"] in ("distinguishable", "borderline")]
-    return _join(out, "none distinguishable or borderline")
+FIGURE_NOTE = ("How to read it: each line is one method (colour) and one channel (line style), its re-identification "
+               "against the client's size, with 95% intervals over runs, the grey band is chance or the free guess, "
+               "a cross marks a channel not attacked at that size, the right panel is held-out accuracy with its "
+               "chance line.")
 
 
-def family_sentence(res, card, comps, curve, by, fam: str) -> str:
-    """One family's answer (module doc)."""
-    gs = [g for g in res.groups() if g[0] == fam]
-    rec = [x for x in (_recon(res, card, curve, g) for g in gs) if x]
-    mb = ", ".join(f"{g[1]}{g[2]} {human_bytes(by[g]['total'])}" for g in gs if g in by)
-    recon = f"images given back ({HEADLINE}, chance {_chance(card, curve, fam)}): {_join(rec)}; " if rec else \
-        "no reconstruction attack ran; "
-    return (f"{fam}: {recon}other leaks: {_others(card, fam)}; leakage between methods whatever the channel (paired by seed, Holm): "
-            f"{_between(comps, fam)}; held-out accuracy {_accuracy(res, card, comps, fam)}"
-            + (f"; sent per run: {mb}." if mb else "."))
+def page_one_md(m: Model, figure: str | None, strips: list[str]) -> list[str]:
+    """report.md's first section: the sentences, the answer figure with how to read it, the truth / reconstruction
+    strips and a table of contents of what follows."""
+    md = ["## The answer", ""] + [" ".join(sentences(m)), ""]
+    if figure:
+        md += [f"![answer figure: re-identification against client size, and held-out accuracy](plots/{figure})", "",
+               FIGURE_NOTE, ""]
+    if strips:
+        md += [" ".join(f"![truth and reconstruction, {words(s.split('.')[0])}](plots/{s})" for s in strips), "",
+               "Top row: the victim's images, bottom row: the reconstruction, one strip per channel.", ""]
+    return md
 
 
-def sentences(res, card, comps, curve, by) -> list[str]:
-    """One sentence per data set family, at most five (module doc), each built from the numbers."""
-    return [family_sentence(res, card, comps, curve, by, f) for f in dict.fromkeys(g[0] for g in res.groups())][:5]
-
-
-def page_one_md(res, card, comps, curve, by, figures: list[str]) -> list[str]:
-    """report.md's first section (``figures``: the trade-off PNG names), at most MAX_LINES lines with the title."""
-    head, rows = matrix(res, card, comps, by, curve)
-    md = ["## The answer"] + [f"- {md_text(s)}" for s in sentences(res, card, comps, curve, by)] + [""]
-    if figures:
-        md += [" ".join(f"![trade-off figure: held-out accuracy against leakage](plots/{f})" for f in figures), ""]
-    if rows:
-        md += [md_table(head, rows), ""]
-    links = ["Details below: [scorecard](#privacy-scorecard), [between methods](#between-methods-whatever-the-"
-             "channel), [attacks](#attacks-and-their-threat-models), [accuracy](#held-out-accuracy), "
-             "[leakage](#leakage).", ""]
-    lines = "\n".join(md + links).count("\n") + 1
-    return md + links if lines + 2 <= MAX_LINES else md   # + 2: the report's title and its blank
-
-
-def page_one_text(res, card, comps, curve, by, figures: list[str]) -> str:
-    """The same page one for the terminal."""
-    head, rows = matrix(res, card, comps, by, curve)
-    out = ["", "THE ANSWER (report.md, page one)"] + [f"- {s}" for s in sentences(res, card, comps, curve, by)]
-    if rows:
-        out += [text_table(head, rows)]
-    out += [f"trade-off figure: plots/{f}" for f in figures]
+def page_one_text(m: Model, figure: str | None) -> str:
+    """The same page one for the terminal, wrapped at 100 columns, links as row ids."""
+    out = ["", "THE ANSWER (report.md, page one)"]
+    for s in sentences(m):
+        s = re.sub(r"\[↗\]\(#([^)]+)\)", r"[row \1]", s)
+        out += textwrap.wrap(s, 100)
+    if figure:
+        out.append(f"answer figure: plots/{figure}")
     return "\n".join(out)

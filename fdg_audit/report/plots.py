@@ -152,8 +152,8 @@ def bytes_per_round(res: T.Results, by: dict, out: Path) -> list[str]:
     gs = list(by)
     parts = list(dict.fromkeys(k for g in gs for k in by[g]["kinds"]))
     kinds = list(dict.fromkeys(k for k, _ in parts))
-    cmap = matplotlib.colormaps["tab10" if len(kinds) <= 10 else "tab20"]
-    kc = {k: cmap(i % cmap.N) for i, k in enumerate(kinds)}
+    cmap = matplotlib.colormaps["Greys"]   # channels in greys: colours belong to methods in every figure
+    kc = {k: cmap(0.25 + 0.6 * i / max(1, len(kinds) - 1)) for i, k in enumerate(kinds)}
     hatch = {"up": "", "down": "///", "peer": ".."}
     fig = _fig(11, 2.2 + 0.4 * len(gs))
     axes = fig.subplots(1, 2, sharey=True)

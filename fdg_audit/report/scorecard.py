@@ -69,20 +69,21 @@ from ..metrics.registry import HARMS, info
 from . import cells as C
 from . import tables as T
 from . import threat as TH
-from .compare import any_channel_rows
-from .select import (ANY_CHANNEL, _fmt, _mode, accuracy_by_run, again, cut_diff, primary,  # noqa: F401  (the
-                     reference_group, selections, size_setting)                           # scorecard's names)
+from .select import (_fmt, _mode, accuracy_by_run, channel_of, per_channel, cut_diff, primary,  # noqa: F401  (the scorecard's
+                     reference_group, selections, size_setting)                    # names)
 
-FIELDS = ["dataset", "method", "variant", "epsilon", "harm", "setting", "adversary", "metric", "value", "ci_low",
-          "ci_high", "baseline", "baseline_ci_low", "baseline_ci_high", "reference", "diff_ref", "diff_ref_ci_low",
-          "diff_ref_ci_high", "diff_n", "diff_p_holm", "diff_call", "reading", "attack", "artifact", "prior", "budget",
-          "capabilities", "assumes", "psnr", "psnr_ci_low", "psnr_ci_high", "baseline_psnr", "success_20dB",
+FIELDS = ["id", "dataset", "method", "variant", "epsilon", "harm", "setting", "adversary", "metric", "unit", "value",
+          "ci_low", "ci_high", "n_runs", "baseline", "baseline_ci_low", "baseline_ci_high", "baseline_kind", "chance",
+          "reading", "comparison", "reference", "diff_ref", "diff_ref_ci_low", "diff_ref_ci_high", "diff_n",
+          "diff_p_holm", "diff_call", "attack", "artifact", "prior", "budget", "capabilities", "assumes",
+          "legible", "legible_ci_low", "legible_ci_high", "baseline_legible",
+          "psnr", "psnr_ci_low", "psnr_ci_high", "baseline_psnr", "success_20dB",
           "success_20dB_ci_low", "success_20dB_ci_high", "baseline_success_20dB", "success_25dB", "success_ci_low",
           "success_ci_high", "baseline_success_25dB", "median", "median_ci_low", "median_ci_high", "baseline_median",
           "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.01fpr_ci_low",
           "tpr@0.01fpr_ci_high", "tpr@0.001fpr", "tpr@0.001fpr_ci_low", "tpr@0.001fpr_ci_high",
           "victim_auc_median", "victim_auc_min", "victim_auc_max", "victims_clear", "control",
-          "selection", "n_runs", "n_items", "converged"]
+          "selection", "n_items", "converged", "bytes"]
 
 
 def _stat_base(bases: list) -> tuple:
@@ -94,31 +95,22 @@ def _stat_base(bases: list) -> tuple:
 
 
 def scorecard(res: T.Results) -> list[dict]:
-    """Rows of scorecard.csv (see the module doc), accuracy rows first within each group."""
+    """Rows of scorecard.csv (see the module doc) without their Δ (the results model joins each cell to its one
+    comparison, report/model.py), accuracy rows first within each group."""
     eps = {}   # per group: the largest headline ε any party spent in any of its runs (privacy.csv)
     gof = res.group_of()
     for r in res.privacy:
         if r["run"] in gof and r["headline"] and np.isfinite(r["epsilon"]):
             eps[gof[r["run"]]] = max(eps.get(gof[r["run"]], 0.0), r["epsilon"])
-    ref = lambda g: reference_group(res, g)  # noqa: E731
 
     def base_row(g, harm, adversary, metric):
         return dict(dataset=g[0], method=g[1], variant=g[2], harm=harm, adversary=adversary, metric=metric,
                     epsilon=_fmt(eps[g]) if g in eps else "inf")
-    rows = _accuracy_rows(res, ref, base_row) + _leakage_rows(res, ref, base_row)
-    with_d = [r for r in rows if "_d" in r]
-    tested = [r for r in with_d if not r.get("_unresolved")]
-    for r, d in zip(tested, S.holm_calls([r["_d"] for r in tested])):   # Holm over every tested Δ of the scorecard
-        r["_d"] = d
-    for r in with_d:
-        d = cut_diff(r["_d"], r["metric"].split("|")[0])
-        r |= dict(diff_ref=_fmt(d["mean"]), diff_ref_ci_low=_fmt(d["lo"]), diff_ref_ci_high=_fmt(d["hi"]),
-                  diff_n=d["n"], diff_p_holm=_fmt(d.get("p_holm")),
-                  diff_call="not resolvable" if r.get("_unresolved") else d["call"])
-    return any_channel_rows(res, [{k: r.get(k, "") for k in FIELDS} for r in rows])
+    rows = _accuracy_rows(res, base_row) + _leakage_rows(res, base_row)
+    return [{k: r.get(k, "") for k in FIELDS} | {k: r[k] for k in r if k.startswith("_")} for r in rows]
 
 
-def _accuracy_rows(res: T.Results, ref, base_row) -> list[dict]:
+def _accuracy_rows(res: T.Results, base_row) -> list[dict]:
     acc, rows = accuracy_by_run(res), []
     conv = defaultdict(list)
     for r in res.ok:
@@ -132,55 +124,33 @@ def _accuracy_rows(res: T.Results, ref, base_row) -> list[dict]:
         m, lo, hi, _ = S.t_interval(v, strata=np.array([k[0] for k in keys]))
         lo, hi = max(lo, 0.0), min(hi, 1.0)          # an accuracy interval stays in [0, 1]
         k = next((r.get("num_classes") for r in res.ok if T.gkey(r) == g), None)
-        row = base_row(g, "accuracy", "", "target_acc") | dict(
+        rows.append(base_row(g, "accuracy", "", "target_acc") | dict(
             value=_fmt(m), ci_low=_fmt(lo), ci_high=_fmt(hi), baseline=_fmt(1 / k if k else np.nan),
             baseline_ci_low=_fmt(1 / k if k else np.nan), baseline_ci_high=_fmt(1 / k if k else np.nan),
+            baseline_kind="chance", chance=_fmt(1 / k if k else np.nan),
             control="none", selection="", n_runs=len(keys), n_items="", attack="", artifact="", assumes="",
-            converged=f"{sum(conv[g])}/{len(conv[g])}" if conv[g] else "")
-        f = ref(g)
-        common = [k for k in keys if k in acc[f]] if f is not None else []
-        if common:
-            row["reference"] = res.label(f)
-            row["_d"] = S.paired_values(np.array([acc[g][k] for k in common]),
-                                        np.array([acc[f][k] for k in common]), np.array([k[0] for k in common]),
-                                        "target_acc")
-        rows.append(row)
+            converged=f"{sum(conv[g])}/{len(conv[g])}" if conv[g] else ""))
     return rows
 
 
-def _leakage_rows(res: T.Results, ref, base_row) -> list[dict]:
-    """One row per (group, harm, adversary, setting); then Δ between cells (the same setting by the key) that both
-    beat their baselines, over the runs whose chosen attack, prior and budget are the same in both."""
+def _leakage_rows(res: T.Results, base_row) -> list[dict]:
+    """One row per (group, harm, adversary, setting), in the order of the groups and harms."""
     final, chosen = T.final_privacy(res), selections(res)
     order = {g: i for i, g in enumerate(res.groups())}
-    rows, cellrow = [], {}
-    for key, sel in sorted(chosen.items(), key=lambda kv: (order.get(kv[0][0], 0), list(HARMS).index(kv[0][1]),
-                                                           kv[0][2:])):
-        g, harm, adv, setting = key
-        row = base_row(g, harm, adv, _mode(s["chosen"]["metric"] for s in sel.values())) | \
-            _cell(res, key, sel, final)
-        rows.append(row)
-        if row["value"] != "not measurable":
-            cellrow[key] = row
-    by_run = {r["run"]: r for r in res.ok}
-    tag = lambda run: (by_run[run]["target"], by_run[run]["seed"])  # noqa: E731
-    terms = lambda s: (s["chosen"]["attack"],) + tuple(  # noqa: E731  (the equal terms of a Δ, per run)
-        f(res.attacks.get(s["chosen"]["attack"], {}), s["chosen"]["output"]) for f in (TH.prior, TH.budget))
-    for key, row in cellrow.items():
-        f = ref(key[0])
-        fkey = (f,) + key[1:]
-        frow = cellrow.get(fkey)
-        if frow is None or not (frow["_above"] and row["_above"]):
-            continue
-        fr = {tag(r): s for r, s in chosen[fkey].items() if s["ok"]}   # runs paired by target and seed, and only
-        common = [(tag(r)[0], s["items"], fr[tag(r)]["items"]) for r, s in chosen[key].items()   # where both chose
-                  if tag(r) in fr and terms(s) == terms(fr[tag(r)])]      # the same attack, prior and budget
-        if common:
-            d, metric = np.array([a.stat() - b.stat() for _, a, b in common], float), row["metric"].split("|")[0]
-            row |= dict(reference=res.label(f), _unresolved=not (row["_resolvable"] and frow["_resolvable"]),
-                        _d=S.compare(d, strata=[t for t, _, _ in common], metric=metric) if len(common) > 1 else
-                        S.paired([a for _, a, _ in common], [b for _, _, b in common], metric=metric))
-    return rows
+    return [base_row(key[0], key[1], key[2], _mode(s["chosen"]["metric"] for s in sel.values()))
+            | _cell(res, key, sel, final)
+            for key, sel in sorted(chosen.items(), key=lambda kv: (order.get(kv[0][0], 0),
+                                                                  list(HARMS).index(kv[0][1]), kv[0][2:]))]
+
+
+def _free_guess(res: T.Results, sel: dict) -> dict:
+    """Which baseline a cell's baseline is (leakage.csv's free_guess of the chosen outputs, e.g. "class mean"; else
+    "trivial") and the metric's chance where leakage.csv states one."""
+    keys = {(run, s["chosen"]["attack"], s["chosen"]["artifact"], s["chosen"]["metric"]) for run, s in sel.items()}
+    rows = [r for r in res.leakage if (r["run"], r["attack"], r["artifact"], r["metric"]) in keys]
+    chance = [float(r["chance"]) for r in rows if str(r.get("chance", "")).strip() not in ("", "nan")]
+    return dict(baseline_kind=_mode(str(r.get("free_guess") or "") for r in rows if r.get("free_guess")) or "trivial",
+                chance=_fmt(float(np.mean(chance))) if chance else "")
 
 
 def _cell(res: T.Results, key: tuple, sel: dict, final: dict) -> dict:
@@ -198,7 +168,8 @@ def _cell(res: T.Results, key: tuple, sel: dict, final: dict) -> dict:
                    res.attacks.get(c["attack"], {}), c["output"])))),
                control="failed" if not ok else "passed" if {c["attack"] for c in ch} <= has_controls else "none",
                selection=_mode(s["selection"] for s in sel.values()), n_runs=len(sel),
-               n_items=sum(len(s["items"]) for s in sel.values()), _resolvable=True)
+               n_items=sum(len(s["items"]) for s in sel.values()), _resolvable=True,
+               unit=info(_mode(c["metric"] for c in ch).split("|")[0]).unit) | _free_guess(res, sel)
     if not ok:
         return row | dict(value="not measurable")
     seed = seeding.seed32(repr(key[:3]), seeding.SCORE)

@@ -18,10 +18,7 @@ from ..store.runfolder import load_items
 from . import cells as C
 from . import tables as T
 from . import threat as TH
-from .curves import client_size
-
-ANY_CHANNEL = "any channel"
-
+from .tables import client_size
 
 def cut_diff(d: dict, metric: str) -> dict:
     """A difference (dict with lo, hi) with its interval cut to the range a difference of ``metric`` can take:
@@ -115,9 +112,21 @@ def primary(setting: str) -> bool:
     return not setting or setting.startswith("clients of ") and "," not in setting
 
 
-def again(r: dict) -> bool:
-    """Whether a scorecard row repeats a cell with its Δ over channels (setting ``ANY_CHANNEL``)."""
-    return str(r.get("setting", "")).endswith(ANY_CHANNEL)
+def channel_base(setting: str) -> str:
+    """The setting a channel's cell belongs to (its setting without the channel)."""
+    return ", ".join(setting.split(", ")[:-1]) if channel_of(setting) else setting
+
+
+def stable_id(*parts: str) -> str:
+    """A row's id from its key in words (lower case, dots between parts, hyphens inside them): the same cell has the
+    same id in every report, whatever the order of its rows."""
+    clean = lambda p: "-".join("".join(ch if ch.isalnum() else " " for ch in str(p).lower()).split())  # noqa: E731
+    return ".".join(c for c in map(clean, parts) if c)
+
+
+def per_channel(r: dict) -> bool:
+    """Whether a scorecard row is one channel's cell of a method that sends several (``channel_setting``)."""
+    return bool(channel_of(str(r.get("setting", ""))))
 
 
 def _pool(cs: list, side: dict, run: str) -> dict:
@@ -203,14 +212,34 @@ def _select(per_run: dict, const: dict) -> dict:
     return out
 
 
+def channel_setting(setting: str, artifact: str) -> str:
+    """The setting of one channel's cell of a method that sends several for a harm (``selections``)."""
+    return ", ".join(filter(None, (setting, f"{artifact} only")))
+
+
+def channel_of(setting: str) -> str:
+    """The channel a setting names (``channel_setting``'s inverse), "" for a cell over every channel."""
+    last = setting.split(", ")[-1]
+    return last[:-len(" only")] if last.endswith(" only") else ""
+
+
 def selections(res: T.Results) -> dict:
     """{(group, harm, role, setting): {run: the cross-fitted choice of ``_select``}}, computed once per Results (with
-    ``res.cache["side"]``: the reconstruction companions and CPU costs by ``cells.side_key``)."""
+    ``res.cache["side"]``: the reconstruction companions and CPU costs by ``cells.side_key``). Where a method's
+    candidates of a cell span several channels (artifacts; FedDG: its bank and its weights), each channel gets a cell
+    of its own too (setting ``channel_setting``), chosen by the same cross-fitted rule among that channel's outputs, so
+    channels are compared on the same runs and items (compare.py)."""
     if "chosen" not in res.cache:
         const, final, side = _constant_baseline(res), T.final_privacy(res), C.cpu_seconds(res.leakage)
-        res.cache["chosen"] = {key: _select(dict(sorted(per_run.items())), const)
-                               for key, per_run in _candidates(res, final, side).items()}
-        res.cache["side"] = side
+        chosen = {}
+        for key, per_run in _candidates(res, final, side).items():
+            per_run = dict(sorted(per_run.items()))
+            chosen[key] = _select(per_run, const)
+            arts = sorted({c["artifact"] for cs in per_run.values() for c in cs})
+            for a in arts if len(arts) > 1 and key[1] != "membership" else ():
+                sub = {run: got for run, cs in per_run.items() if (got := [c for c in cs if c["artifact"] == a])}
+                chosen[key[:3] + (channel_setting(key[3], a),)] = _select(sub, const)
+        res.cache["chosen"], res.cache["side"] = chosen, side
     return res.cache["chosen"]
 
 

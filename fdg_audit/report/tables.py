@@ -28,7 +28,7 @@ from ..store.runfolder import RunFolder
 from .formatting import clean, num
 
 LABEL_CHARS = 120
-from .traffic import gkey
+from .formatting import gkey
 
 
 def stat(values) -> dict:
@@ -143,6 +143,13 @@ def load(run_dirs) -> Results:
 
 
 # ------------------------------------------------------------------------------------------- accuracy
+
+def client_size(run: dict, victim: str) -> int | None:
+    """The training-set size of client ``victim`` ("<domain>/<k>") in a run whose data config sets client_sizes."""
+    sizes = (run.get("data") or {}).get("client_sizes") or []
+    dom, _, k = victim.rpartition("/")
+    return int(sizes[int(k)]) if dom and k.isdigit() and int(k) < len(sizes) else None
+
 
 def sweep_keys(res: Results) -> list[str]:
     return list(dict.fromkeys(k for r in res.ok for k in (r.get("sweep") or {})))

@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .formatting import ARROW, human_bytes, md_table, md_text
-
-
-def gkey(r: dict) -> tuple:
-    """A run's group: (dataset, method label, sweep variant)."""
-    return (str(r.get("dataset", "")), str(r.get("method", "")), str(r.get("variant", "") or ""))
+from .formatting import ARROW, gkey, human_bytes, md_table, md_text
 
 
 def direction(e: dict) -> str:

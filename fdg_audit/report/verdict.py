@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..metrics.stats import CALLS_TEXT
 from ..metrics.registry import info
 from .formatting import ci, md_text, num
-from .scorecard import again
+from .select import per_channel
 
 
 def clears(row: dict) -> bool:
@@ -118,7 +118,7 @@ def verdict_md(res, card: list[dict]) -> list[str]:
           "safety at a larger one.", ""]
     for ds in dict.fromkeys(r["dataset"] for r in card):
         md += [f"### {md_text(ds, 120)}", ""] if len({r["dataset"] for r in card}) > 1 else []
-        mine = [r for r in card if r["dataset"] == ds and not again(r)]   # its Δ: "Between methods"
+        mine = [r for r in card if r["dataset"] == ds and not per_channel(r)]   # its Δ: "Between methods"
         refs = {r["reference"] for r in mine if r["reference"]}
         for m in dict.fromkeys((r["method"], r["variant"]) for r in mine):
             rows = [r for r in mine if (r["method"], r["variant"]) == m]

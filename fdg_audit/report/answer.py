@@ -1,0 +1,143 @@
+"""The answer figure and the truth / reconstruction strips of page one (issue 46, item 3), from the results model.
+
+``answer_figure``: one panel per data-set family kind (e.g. rotated: rotated_small's fixed client sizes and rotated's
+whole-domain clients on one axis), re-identification against the client's size, one line per method (its colour,
+``plots.colors``, the same in every figure) and channel (line style: the reference method's channel solid, others
+dashed, never a colour), 95% intervals over runs (the scorecard's cells: the same numbers, unit and rule), chance
+or the free guess as a grey band, and a cross at the bottom where a method's channel was not attacked at that size.
+Beside them, held-out accuracy per family and method with the chance line. ``strips``: per channel, 4 of the
+victim's images over their reconstructions, from the method whose cell of that channel is highest.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..attack import ORACLE
+from . import threat as TH
+from .formatting import slug, words
+from .model import WHOLE, Cell, Model
+from .plots import _fig, _save, _show, colors
+
+STYLES = ("-", "--", ":", "-.")
+
+
+def _channel_cell(m: Model, g: tuple, setting: str, channel: str) -> Cell | None:
+    own = m.main(g, "reconstruction", ", ".join(filter(None, (setting, f"{channel} only"))))
+    if own:
+        return own
+    c = m.main(g, "reconstruction", setting)
+    return c if c and c.artifact == channel and c.measurable else None
+
+
+def _panel(ax, m: Model, kind: str, col: dict) -> bool:
+    dss = [ds for ds in m.families() if m.kind(ds) == kind]
+    settings = sorted({(c.size or WHOLE, c.setting) for c in m.cells if c.group[0] in dss and c.harm ==
+                       "reconstruction" and c.channel == "" and c.adversary == "server"})
+    if not settings:
+        return False
+    xs = {s: i for i, s in enumerate(sorted({n for n, _ in settings}))}
+    ref = [g for g in m.groups() if g[1] == m.reference]
+    ref_ch = m.channels(ref[0]) if ref else []
+    seen = set()
+    for g in [g for g in m.groups() if g[0] in dss]:
+        if (g[1:]) in seen:
+            continue
+        seen.add(g[1:])
+        kin = [h for h in m.groups() if h[0] in dss and h[1:] == g[1:]]
+        for ch in m.channels(g):
+            pts, missing = [], []
+            for n, s in settings:
+                h = next((h for h in kin if any(c.setting == s for c in m.cells if c.group == h)), None)
+                c = _channel_cell(m, h, s, ch) if h else None
+                (pts.append((xs[n], c)) if c else missing.append(xs[n]))
+            style = "-" if ch in ref_ch else STYLES[1 + sorted(m.channels(g)).index(ch) % 3]
+            if pts:
+                x = [p[0] for p in pts]
+                y = np.array([p[1].value for p in pts])
+                err = [[max(0, p[1].value - p[1].lo) if p[1].lo == p[1].lo else 0 for p in pts],
+                       [max(0, p[1].hi - p[1].value) if p[1].hi == p[1].hi else 0 for p in pts]]
+                ax.errorbar(x, y, yerr=err, color=col[g], ls=style, marker="o", ms=5, capsize=3, lw=1.8,
+                            label=f"{words(g[1] + g[2])}, {words(ch)}")
+                for xx, c in pts:
+                    ax.fill_between([xx - 0.25, xx + 0.25], c.b_lo if c.b_lo == c.b_lo else c.baseline,
+                                    c.b_hi if c.b_hi == c.b_hi else c.baseline, color="0.6", alpha=0.35, lw=0)
+            if missing:
+                ax.plot(missing, [0.02] * len(missing), "x", color=col[g], ms=9, mew=2,
+                        label="not attacked" if "na" not in seen else None)
+                seen.add("na")
+    ax.set_xticks(list(xs.values()), ["whole\ndomain" if n == WHOLE else str(n) for n in xs])
+    ax.set_xlabel("client size (training images)", fontsize=11)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{words(kind)}: re-identification", fontsize=13)
+    ax.grid(alpha=0.3)
+    return True
+
+
+def _accuracy(ax, m: Model, col: dict) -> None:
+    dss = [ds for ds in m.families() if not m.sized(ds)] or m.families()
+    width = 0.8 / max(1, len({g[1:] for g in m.groups()}))
+    methods = list(dict.fromkeys(g[1:] for g in m.groups()))
+    for i, ds in enumerate(dss):
+        for g in m.groups(ds):
+            c = m.main(g, "accuracy")
+            if c is None:
+                continue
+            x = i + (methods.index(g[1:]) - (len(methods) - 1) / 2) * width
+            ax.errorbar([x], [c.value], yerr=[[c.value - c.lo], [c.hi - c.value]] if c.lo == c.lo else None,
+                        fmt="o", color=col[g], capsize=3, ms=6)
+            ax.plot([i - 0.4, i + 0.4], [c.baseline] * 2, ls=":", color="0.3", lw=1.5)
+    ax.set_xticks(range(len(dss)), [words(d) for d in dss])
+    ax.set_ylim(0, 1)
+    ax.set_title("held-out accuracy (dotted: chance)", fontsize=13)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def answer_figure(m: Model, out: Path) -> str | None:
+    """plots/answer.png (module doc), or None without a reconstruction cell."""
+    kinds = list(dict.fromkeys(m.kind(ds) for ds in m.families() if any(
+        c.harm == "reconstruction" and c.group[0] == ds for c in m.cells)))
+    if not kinds:
+        return None
+    col = colors(m.res)
+    fig = _fig(4.2 * len(kinds) + 3.6, 4.4)
+    axes = fig.subplots(1, len(kinds) + 1, width_ratios=[4.2] * len(kinds) + [3.0])
+    drawn = [_panel(ax, m, k, col) for ax, k in zip(axes[:-1], kinds)]
+    axes[0].set_ylabel("re-identified (mean over runs, 95% CI)", fontsize=11)
+    _accuracy(axes[-1], m, col)
+    handles = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if not any(drawn):
+        return None
+    fig.legend(list(handles.values()), list(handles), fontsize=10, loc="outside lower center",
+               ncol=min(4, len(handles)), frameon=False)
+    return _save(fig, out, "answer.png")
+
+
+def strips(m: Model, out: Path, n: int = 4) -> list[str]:
+    """Per channel, one PNG of ``n`` truth images over their reconstructions (module doc)."""
+    files, gof = [], m.res.group_of()
+    best = {}
+    for c in m.cells:
+        if c.harm == "reconstruction" and c.measurable and c.attack and "|" not in c.artifact:
+            if c.artifact not in best or c.value > best[c.artifact].value:
+                best[c.artifact] = c
+    for ch, c in best.items():
+        desc = m.res.attacks.get(c.attack.split("|")[0], {})
+        ex = sorted((r for r in m.res.recon if r["attack"] == c.attack.split("|")[0] and gof.get(r["run"]) == c.group
+                     and TH.prior(desc, r["variant"] or "") != ORACLE), key=lambda r: (r["run"], r["victim"]))
+        if not ex:
+            continue
+        with np.load(ex[0]["path"]) as z:
+            truth, rec = z["truth"][:n], z["recon"][:n]
+        fig = _fig(1.1 * len(truth) + 0.4, 2.6)
+        axes = fig.subplots(2, len(truth), squeeze=False)
+        for j in range(len(truth)):
+            _show(axes[0, j], truth[j])
+            _show(axes[1, j], rec[j])
+        fig.suptitle(f"{words(c.method)}, {words(ch)}", fontsize=11)
+        files.append(_save(fig, out, f"strip_{slug(ch)}.png"))
+    return files
