@@ -31,7 +31,7 @@ from .dp import dp_section
 from .html import anchor, write_html
 from .pageone import page_one_md, page_one_text
 from .formatting import ci, clean, fmt, fmt_metric, md_table, md_text, slug
-from .traffic import bytes_md, bytes_table
+from .traffic import bytes_lines, bytes_md, bytes_table
 from .threat import legend_md
 from .verdict import clears, differences_md, verdict_md
 
@@ -43,6 +43,10 @@ def headline(root) -> str:
     m = M.build(T.load([root]))
     fig = "answer.png" if (Path(root) / "plots" / "answer.png").is_file() else None
     out = [page_one_text(m, fig)]
+    by = bytes_table(m.res.envelopes, m.res.ok)
+    if by:
+        out += ["", "bytes on the bus by artifact kind (↑ client→server, ↓ server→client), mean per run:"]
+        out += bytes_lines(m.res, by)
     failed = [r["run"] for r in m.res.runs if r.get("status") != "ok"]
     if failed:
         out.append(f"failed runs ({len(failed)}): " + ", ".join(failed))
@@ -195,7 +199,7 @@ LEGEND = [
 def _scorecard_md(m) -> list[str]:
     md = ["## Privacy scorecard", "", md_table(["term", "meaning"], [[a, b] for a, b in LEGEND]), ""]
     for ds in m.families():
-        body = [[f"`{c.id}`", c.method, c.harm, c.setting or "—", c.adversary or "—",
+        body = [[c.id, c.method, c.harm, c.setting or "—", c.adversary or "—",
                  f"{ci(c.row)} (n {c.n})", f"{c.row['attack']} ({c.row['artifact']})" if c.attack else "—",
                  ci(c.row, "baseline") + (f" ({c.baseline_kind})" if c.baseline_kind != "trivial" else ""),
                  c.state if c.harm != "accuracy" else "—",

@@ -105,6 +105,8 @@ class Cell:
 
     @property
     def margin(self) -> float:
+        if self.harm == "accuracy":
+            return 0.0
         m = self.value - self.baseline
         m = m if info(self.metric).higher else -m
         return m if m == m else 0.0

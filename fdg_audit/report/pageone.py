@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+from . import tables as T
 from .formatting import human_bytes, words
 from .model import WHOLE, Cell, Model
 
@@ -173,15 +174,24 @@ def accuracy(m: Model) -> str | None:
     if firm:
         c = max(firm, key=lambda c: abs(c.diff))
         at = _at(m, c)
-        return _fit([f"{words(c.a[1] + c.a[2])} minus {words(c.b[1] + c.b[2])} in held-out accuracy on "
+        return _late(m, [f"{words(c.a[1] + c.a[2])} minus {words(c.b[1] + c.b[2])} in held-out accuracy on "
                      f"{words(c.dataset)} is {iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}",
                      f", and {len(main) - len(firm)} other accuracy differences are not resolved"])
     c = max(main, key=lambda c: max(abs(c.lo), abs(c.hi)))
     at = _at(m, c)
     x = max(abs(c.lo), abs(c.hi))
-    return _fit([f"No held-out accuracy difference to {words(m.reference)} is resolved at this budget, every one lies "
+    return _late(m, [f"No held-out accuracy difference to {words(m.reference)} is resolved at this budget, every one lies "
                  f"within ±{x:.3f} at 95%, the widest being {words(c.a[1] + c.a[2])} on {words(c.dataset)} at "
                  f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}"])
+
+
+def _late(m: Model, parts: list[str]) -> str:
+    """``_fit(parts)``, with the methods whose accuracy is NOT CONVERGED named first (tables.not_converged)."""
+    late = [r["key"] for r in T.accuracy_table(m.res) if T.not_converged(r)]
+    if late:
+        parts.insert(1, ", and " + ", ".join(f"{words(g[1] + g[2])} on {words(g[0])}" for g in late)
+                     + " had NOT CONVERGED")
+    return _fit(parts)
 
 
 def traffic(m: Model) -> str | None:
