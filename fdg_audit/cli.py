@@ -67,7 +67,8 @@ def _fold(argv: list[str], flag: str) -> list[str]:
 def describe() -> str:
     """A table of every registered method and attack and where it comes from (``plugins``)."""
     from .attack import load_attack
-    from .plugins import GROUPS, available, load_method, origin
+    from .plugins import GROUPS, available, origin
+    from .protocol import load_method
     lines = []
     for kind in ("method", "attack"):
         lines.append(f"{kind}s ({GROUPS[kind]}):")

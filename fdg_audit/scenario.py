@@ -17,16 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .attack import AttackParams
-from .audit.worker import check_limits
+from .audit.limits import check_limits
 from .data import DataConfig, load_data
 from .errors import UserError
-from .train.federation import check_participation, cohort_on
+from .train.settings import check_participation, cohort_on
 from .params import MAX_ROUNDS, TrainParams, _names, resolve_device, safe_name, typed  # noqa: F401  (typed re-exported)
 from .models import ARCHS, NORMS, ModelConfig
-from .plugins import available, load_method
+from .plugins import available
+from .protocol import load_method
 from .privacy import check_run, privacy_config
 from .train.ray_engine import ray_options
+from .vocab import SHARED
 import secrets
 
 
@@ -255,7 +256,7 @@ def _attack_list(att) -> list:
     return att
 
 
-SHARED_ATTACK_KEYS = tuple(f.name for f in dataclasses.fields(AttackParams))   # every attack takes them
+SHARED_ATTACK_KEYS = SHARED   # every attack takes them (fdg_audit.vocab.AttackParams)
 
 
 def expand_attacks(entries: list) -> list:

@@ -14,7 +14,7 @@ from fdg_audit.train.federation import RunSpec, run_federation
 from fdg_audit.store.ledger import MemoryLedger
 from fdg_audit.models import ModelConfig
 from fdg_audit.attack import load_attack
-from fdg_audit.plugins import load_method
+from fdg_audit.protocol import load_method
 
 METHODS = sorted(ep.name for ep in entry_points(group="fdg_audit.methods"))
 ATTACKS = sorted(ep.name for ep in entry_points(group="fdg_audit.attacks"))

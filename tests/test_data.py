@@ -93,7 +93,7 @@ def test_domain_subset_cap_and_errors():
         load_data(DataConfig(dataset="digits", domains=["rot99"]))
     with pytest.raises(UserError, match="nope"):
         ds.domain("nope")
-    with pytest.raises(UserError, match="mnist, digits, folder, idx"):
+    with pytest.raises(UserError, match="digits, folder, idx, mnist"):
         load_data(DataConfig(dataset="emnist"))
     with pytest.raises(UserError, match="rotated, appearance"):
         load_data(DataConfig(dataset="digits", family="colour"))

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import numbers
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,11 +17,12 @@ import torch
 from ..attack import ADVERSARIES, AUX, CAPABILITIES, PRIORS, Control, Skipped, load_attack
 from ..attack import OUTPUTS as RUN_OUTPUTS
 from ..errors import UserError
-from ..params import safe_name, typed
+from ..params import safe_name
 from ..plugins import import_path, resolve
 from ..store.runfolder import RunInfo
 from .sandbox import run_isolated
 from .transport import AttackFailed
+from ..vocab import SHARED, AttackParams, attack_params
 from .worker import portrait
 
 OUTPUTS = {c.__name__: c for c in (*RUN_OUTPUTS, Control)}   # what a worker may send back
@@ -99,7 +99,7 @@ def _checked(d, label: str) -> Described:
         raise UserError(f"attack {label}: adversary {d.get('adversary')!r} is not one of {ADVERSARIES}")
     if set(d["aux"]) - set(AUX):
         raise UserError(f"attack {label}: aux {sorted(set(d['aux']) - set(AUX))} unknown; use a subset of {AUX}")
-    p = SimpleNamespace(**_shared_params(d["params"], label))
+    p = attack_params(AttackParams, {k: v for k, v in d["params"].items() if k in SHARED}, label)
     if not all(isinstance(x, str) and 0 < len(x) <= MAX_NAME for x in (d["name"] or "x", *d["consumes"])):
         raise UserError(f"attack {label}: its name and consumes must be strings of 1 to {MAX_NAME} characters")
     cache = d.get("cache") or ""
@@ -108,26 +108,6 @@ def _checked(d, label: str) -> Described:
     return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
                      {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label),
                      cache)
-
-
-def _shared_params(p: dict, label: str) -> dict:
-    """The ``AttackParams`` fields (fdg_audit.api.attack) of a described attack, checked: the harness filters runs,
-    picks the curious client, caps victims and salts the seed with them, whatever ``__post_init__`` made of them."""
-    p = dict(p)
-    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    strs = lambda v: isinstance(v, list) and all(isinstance(x, str) and len(x) <= MAX_NAME for x in v)  # noqa: E731
-    checks = dict(as_client=(lambda v: isinstance(v, str) and len(v) <= MAX_NAME, "a client name (\"\" = the first)"),
-                  max_victims=(lambda v: is_int(v) and v >= 0, "0 (every victim) or a positive integer"),
-                  targets=(strs, "a list of domain names ([] = every run)"),
-                  seeds=(lambda v: isinstance(v, list) and all(is_int(x) for x in v), "a list of integer seeds"),
-                  datasets=(strs, "a list of [[datasets]] labels ([] = every run)"),
-                  seed=(lambda v: is_int(v) and 0 <= v < 2 ** 63, "an integer >= 0"))
-    defaults = dict(as_client="", max_victims=0, targets=[], seeds=[], datasets=[], seed=0)
-    for k, (ok, want) in checks.items():
-        p.setdefault(k, defaults[k])
-        if not ok(p[k]):
-            raise UserError(f"attacks.{label}.{k} = {repr(p[k])[:80]}: use {want}")
-    return p
 
 
 def _threat(t, label: str) -> dict:
@@ -155,7 +135,7 @@ def make_attack(cfg: dict, device):
     cls = load_attack(name)
     label = label or cls.name or name
     safe_name(label, f"attacks.{label}.label")
-    atk = cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    atk = cls(attack_params(cls.Params, cfg, label), device)
     _checked(portrait(atk), label)
     return label, atk, dict(attack=name, label=label, params=cfg, device=str(device))
 

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import seeding
 from ..attack import AdversaryView, Control, Scores, Skipped, view_envelopes
 from ..data import load_data
 from ..errors import UserError
@@ -37,9 +36,10 @@ from ..plugins import resolve
 from ..progress import Eta
 from ..store.ledger import Ledger, open_verified
 from ..store.runfolder import RunFolder, RunInfo
+from ..vocab import attack_params
 from . import sandbox
 from .bwrap import PROTECT
-from .checks import OUTPUTS, _checked, _make, checked_outputs
+from .checks import OUTPUTS, Described, _checked, _make, checked_outputs
 from .sandbox import run_isolated, stop_workers
 from .scoring import Truth, build_aux, score
 from .transport import CACHE_KEY, AttackFailed, store_kept
@@ -106,14 +106,16 @@ def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
 
 
 def salted(atk, job: dict, run_seed: int) -> tuple:
-    """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
-    different seeds draw independent attack randomness (restarts, batches, probes) and the intervals over seeds
-    include it. Controls keep the unsalted seed."""
-    seed = seeding.seed32(atk.p.seed, int(run_seed))
+    """The attack and its worker job for one run: the job carries the run's seed (``salt``), and the attack's
+    ``Params`` are built from the job's params with their ``seed`` salted by it (``vocab.attack_params``, in the
+    worker; here for an attack built in this process), so that runs of different seeds draw independent attack
+    randomness (restarts, batches, probes) and the intervals over seeds include it. Controls keep the unsalted seed."""
+    job = dict(job, salt=int(run_seed))
+    if isinstance(atk, Described):
+        return atk, job
     a = copy.copy(atk)
-    a.p = copy.copy(atk.p)
-    a.p.seed = seed
-    return a, dict(job, params=dict(job["params"], seed=seed))
+    a.p = attack_params(type(atk.p), job["params"], job["label"], run_seed)
+    return a, job
 
 
 # ------------------------------------------------------------------------------------------- running

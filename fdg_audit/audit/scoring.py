@@ -17,8 +17,9 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from .. import metrics as M, records, seeding
+from ..metrics import stats  # noqa: F401  (M.stats)
 from ..attack import Audit, Aux, Estimate, Predictions, Reconstruction, Scores
-from ..data import Split
+from ..data.base import Split
 from ..errors import UserError
 from ..store.ledger import load_npz
 from ..privacy.audit import audit_rows

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from ..attack import AdversaryView
-from ..data import DataConfig, Domain, DomainSet, Split
-from ..plugins import load_method
+from ..data.base import DataConfig, Domain, DomainSet, Split
+from ..protocol import load_method
 from ..store.ledger import MemoryLedger
 from ..train.federation import RunSpec, run_federation
 

@@ -16,27 +16,15 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from ..attack import AdversaryView, Aux, load_attack
-from ..data import Split
+from ..data.base import Split
 from ..errors import UserError
 from ..models import ModelConfig
-from ..params import typed
-from ..plugins import load_method
+from ..protocol import load_method
 from ..store.ledger import Ledger
+from ..vocab import attack_params
 from .bwrap import clean_env
+from .limits import LIMITS, check_limits  # noqa: F401  (the sandbox and the harness read them here)
 from .transport import decode, encode
-
-LIMITS = dict(timeout=3600.0, memory_gb=8.0)   # defaults of the scenario's attack_timeout, attack_memory_gb
-
-
-
-def check_limits(timeout, memory_gb, where: str = "scenario") -> tuple[float, float]:
-    """``attack_timeout`` (seconds) and ``attack_memory_gb``: positive finite numbers, or a one-line error."""
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")  # noqa: E731
-    if not num(timeout) or not num(memory_gb) or memory_gb < 0.25:
-        raise UserError(f"{where}: attack_timeout = {timeout!r}, attack_memory_gb = {memory_gb!r}: give seconds > 0 "
-                        "and gigabytes >= 0.25 (defaults 3600 and 8)")
-    return float(timeout), float(memory_gb)
-
 
 
 def portrait(atk) -> dict:
@@ -114,7 +102,8 @@ def _job(spec: dict, root: Path, paths: dict) -> dict:
     sys.path[:] = paths["attack"]
     cls = load_attack(spec["attack"])
     device = torch.device(spec["device"])
-    atk = cls(typed(cls.Params, spec["params"], f"attacks.{spec.get('label') or cls.name or spec['attack']}"), device)
+    atk = cls(attack_params(cls.Params, spec["params"], spec.get("label") or cls.name or spec["attack"],
+                            spec.get("salt")), device)
     if spec["mode"] == "describe":   # the metadata probe (attack.describe): the harness never imports plugins
         return {"describe": portrait(atk)}
     if spec["mode"] == "control":

@@ -1,7 +1,6 @@
-"""The one metrics module every attack and the scorer use (docs/attacks.md §1, §4.1); ``stats``: intervals
-and held-out selection for the scorecard; ``registry``: unit, direction, range and harm of every scored metric."""
-
-from . import registry, stats
+"""The one metrics module every attack and the scorer use (docs/attacks.md §1, §4.1). Its submodules ``stats``
+(intervals and held-out selection for the scorecard) and ``registry`` (unit, direction, range and harm of every
+scored metric) are imported on their own (``from fdg_audit.metrics import stats``): this face loads neither."""
 
 from .dp import (clopper_pearson_upper, eps_lower_bound, gaussian_sigma, one_run_eps, one_run_eps_fdp,
                  one_run_p_value)
@@ -14,7 +13,6 @@ from .membership import (
 )
 
 __all__ = [
-    "registry", "stats",
     "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate", "match_batch",
     "matched_psnr", "label_count_accuracy", "aligned_mse", "reidentified",
     "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "existence_f1",

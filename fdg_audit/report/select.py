@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from .. import seeding
-from ..attack import ORACLE
+from ..vocab import ORACLE
 from ..metrics import membership as MM
 from ..metrics import stats as S
 from ..metrics.registry import harm_of, info

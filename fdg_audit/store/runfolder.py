@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import UserError
 from .ledger import atomic_write, load_npz, read_json, read_secrets, read_summary
-from ..data import DataConfig
+from ..data.base import DataConfig
 from ..metrics.stats import Items
 import tomllib
 
