@@ -1,5 +1,6 @@
-"""The core's shape: its import graph has no cycle (every import counts, those inside functions too), no function in
-fdg_audit/ is over 60 lines and no module over 400. ``python tests/test_structure.py`` prints the import graph's
+"""The core's shape: its import graph has no cycle (every import counts, those inside functions too) and stands on at
+most ``MAX_LAYERS`` layers; no function in fdg_audit/, attacks/ or methods/ is over 60 lines and no module over 400
+(bar the ``OVERSIZE`` entries, which may only shrink). ``python tests/test_structure.py`` prints the import graph's
 layers (layer 0 imports no other core module; a module's layer is one above its highest import) and the largest
 functions and modules."""
 import ast
@@ -8,7 +9,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "fdg_audit"
+SIZED = [ROOT / "fdg_audit", ROOT / "attacks", ROOT / "methods"]   # the trees whose functions and modules are sized
 MAX_FUNCTION, MAX_MODULE = 60, 400
+MAX_LAYERS = 16    # import layers of the core (24 at 3cee758, 16 after issue 52)
+# Plugin modules and functions still over the limits (issue 52 split attacks/inversion.py; these are left to split):
+# an entry may shrink or go, never grow, and nothing may join it.
+OVERSIZE = {"attacks/amplitude.py": 642, "attacks/amplitude.py:retrieve": 61, "attacks/fedavg_leak.py:leak": 65,
+            "attacks/membership.py": 526, "attacks/membership.py:references": 62, "methods/ccst.py": 423}
 KNOWN_CYCLES = []   # none: the last (report/scorecard.py <-> report/compare.py) went with report/select.py
 
 
@@ -100,20 +107,26 @@ def layers(g: dict) -> dict[str, int]:
     return {v: layer(comp[v]) for v in g}
 
 
-def functions() -> list[tuple[int, str]]:
-    """(lines, "module.py:function") of every function and method in fdg_audit/, decorators and docstring included."""
+def functions(trees=SIZED) -> list[tuple[int, str]]:
+    """(lines, "module.py:function") of every function and method in ``trees``, decorators and docstring included."""
     out = []
-    for f in PKG.rglob("*.py"):
+    for t, f in ((t, f) for t in trees for f in sorted(t.rglob("*.py"))):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                out.append((node.end_lineno - start + 1, f"{f.relative_to(ROOT)}:{node.name}"))
+                out.append((node.end_lineno - start + 1, f"{f.relative_to(t.parent)}:{node.name}"))
     return sorted(out, reverse=True)
 
 
-def module_sizes() -> list[tuple[int, str]]:
-    return sorted(((len(f.read_text().splitlines()), str(f.relative_to(ROOT))) for f in PKG.rglob("*.py")),
-                  reverse=True)
+def module_sizes(trees=SIZED) -> list[tuple[int, str]]:
+    return sorted(((len(f.read_text().splitlines()), str(f.relative_to(t.parent)))
+                   for t in trees for f in t.rglob("*.py")), reverse=True)
+
+
+def too_long(trees=SIZED) -> list[tuple[int, str]]:
+    """Functions over MAX_FUNCTION and modules over MAX_MODULE lines, beyond what ``OVERSIZE`` allows them."""
+    over = [f for f in functions(trees) if f[0] > MAX_FUNCTION] + [m for m in module_sizes(trees) if m[0] > MAX_MODULE]
+    return [(n, name) for n, name in over if n > OVERSIZE.get(name, 0)]
 
 
 def test_no_import_cycle():
@@ -142,8 +155,28 @@ def test_training_never_imports_the_report():
 
 
 def test_functions_and_modules_are_short():
-    assert [f for f in functions() if f[0] > MAX_FUNCTION] == []
-    assert [m for m in module_sizes() if m[0] > MAX_MODULE] == []
+    assert too_long() == []
+
+
+def test_the_core_stands_on_at_most_max_layers():
+    lay = layers(graph())
+    assert max(lay.values()) + 1 <= MAX_LAYERS, sorted(lay.items(), key=lambda kv: -kv[1])[:5]
+
+
+def test_the_limits_catch_a_built_example(tmp_path):
+    """The checkers themselves, on a built package: a 61-line function and a 401-line module are caught, a 60-line
+    function and a 400-line module are not; a chain of 17 imports stands on 17 layers, one over the budget."""
+    pkg = tmp_path / "plug"
+    pkg.mkdir()
+    body = lambda n: "def f():\n" + "    x = 1\n" * (n - 2) + "    return x\n"  # noqa: E731   an n-line function
+    (pkg / "long.py").write_text(body(MAX_FUNCTION + 1))
+    (pkg / "ok.py").write_text(body(MAX_FUNCTION))
+    (pkg / "big.py").write_text("x = 1\n" * (MAX_MODULE + 1))
+    (pkg / "fits.py").write_text("x = 1\n" * MAX_MODULE)
+    found = {name for _, name in too_long([pkg])}
+    assert found == {"plug/long.py:f", "plug/big.py"}
+    chain = {f"m{i}": {f"m{i - 1}"} if i else set() for i in range(MAX_LAYERS + 1)}
+    assert max(layers(chain).values()) + 1 == MAX_LAYERS + 1
 
 
 if __name__ == "__main__":
@@ -154,3 +187,4 @@ if __name__ == "__main__":
         print(f"  {n:2d}: " + " ".join(sorted(v.removeprefix("fdg_audit.") for v in g if lay[v] == n)))
     print("functions over", MAX_FUNCTION, "lines:", [f for f in functions() if f[0] > MAX_FUNCTION] or "none")
     print("modules over", MAX_MODULE, "lines:", [m for m in module_sizes() if m[0] > MAX_MODULE] or "none")
+    print("beyond OVERSIZE:", too_long() or "none")
