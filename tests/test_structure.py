@@ -4,7 +4,10 @@ most ``MAX_LAYERS`` layers; no function in fdg_audit/, attacks/ or methods/ is o
 layers (layer 0 imports no other core module; a module's layer is one above its highest import) and the largest
 functions and modules."""
 import ast
+import importlib
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,6 +180,39 @@ def test_the_limits_catch_a_built_example(tmp_path):
     assert found == {"plug/long.py:f", "plug/big.py"}
     chain = {f"m{i}": {f"m{i - 1}"} if i else set() for i in range(MAX_LAYERS + 1)}
     assert max(layers(chain).values()) + 1 == MAX_LAYERS + 1
+
+
+
+DOTTED = re.compile(r"\bfdg_audit(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def stale_paths(text: str, root: Path = ROOT) -> list[str]:
+    """The dotted names ``fdg_audit.x.y`` in ``text`` that name no module under ``root`` nor an attribute of the
+    longest module they start with (entry-point group names, pyproject.toml's, are not module paths)."""
+    groups = set(tomllib.loads((ROOT / "pyproject.toml").read_text()).get("project", {}).get("entry-points", {}))
+    out = []
+    for m in DOTTED.finditer(text):
+        parts = m.group(0).split(".")
+        i = len(parts)
+        while i > 1 and not ((root / Path(*parts[:i])).with_suffix(".py").exists()
+                             or (root / Path(*parts[:i]) / "__init__.py").exists()):
+            i -= 1
+        if i < len(parts) and m.group(0) not in groups and ".".join(parts[:i + 1]) not in groups and \
+                not hasattr(importlib.import_module(".".join(parts[:i])), parts[i]):
+            out.append(m.group(0))
+    return out
+
+
+def test_docstrings_and_printed_text_name_modules_that_exist():
+    """fdg_audit/, attacks/, methods/, bench/, README.md and docs/*.md (not the rendered example reports, which
+    change when they are rendered again) name no dotted module path that is gone; the check catches a moved one."""
+    files = [f for d in ("fdg_audit", "attacks", "methods", "bench") for f in (ROOT / d).rglob("*.py")]
+    files += [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "attacks").glob("*.md"))]
+    assert [(str(f.relative_to(ROOT)), p) for f in files for p in stale_paths(f.read_text())] == []
+    assert stale_paths("see fdg_audit.runfolder.RunFolder and fdg_audit.store.runfolder.RunFolder") == \
+        ["fdg_audit.runfolder.RunFolder"]
+    assert stale_paths("fdg_audit.train.federation.no_such_function, fdg_audit.methods") == \
+        ["fdg_audit.train.federation.no_such_function"]
 
 
 if __name__ == "__main__":

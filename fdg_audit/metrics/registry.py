@@ -1,4 +1,4 @@
-"""Every metric the scorer emits (fdg_audit.scoring.score, fdg_audit.privacy.audit.audit_rows), in one place.
+"""Every metric the scorer emits (fdg_audit.audit.scoring.score, fdg_audit.privacy.audit.audit_rows), in one place.
 
 One line per metric: its unit, its direction (``higher``: a larger value is a stronger attack; False for error
 metrics), its range ``[lo, hi]`` (intervals are cut to it; PSNR is capped at ``PSNR_CAP_DB``), the harm it measures

@@ -3,7 +3,7 @@
 scenario prints at the end. The scorecard's definitions (held-out selection, intervals, paired differences) are in
 ``scorecard``; the verdict in words is ``verdict``; bytes on the bus are ``traffic``.
 
-Inputs: the run folders' files as fdg_audit.runfolder reads them (summary.json, messages.jsonl, and when present
+Inputs: the run folders' files as fdg_audit.store.runfolder reads them (summary.json, messages.jsonl, and when present
 leakage.csv, controls.json, attacks.json, privacy.csv, per-item values, membership scores and reconstruction grids).
 Absent inputs skip their section. Definitions (groups, mean ± std, "strongest", ε per run) are in ``tables``;
 metric units, directions, ranges and harms in fdg_audit/metrics/registry.py.
@@ -113,7 +113,7 @@ def _accuracy_md(res, acc, files) -> list[str]:
     ref = res.published.get("values", {})
     md = ["## Held-out accuracy", "",
           "Accuracy on the held-out (unseen) domain at the round selected on the pooled source-validation "
-          "splits (the earliest round within one standard error of the best; fdg_audit.federation.select_round). "
+          "splits (the earliest round within one standard error of the best; fdg_audit.train.federation.select_round). "
           "Per target: mean ± sample std over seeds; mean over targets: per seed the mean over targets, then mean ± "
           "std over seeds; [95% CI]: Student-t over the runs, stratified by target, with n runs. converged: runs "
           "whose selected round is before the last 10% of their rounds (a late selected round means still "

@@ -10,7 +10,7 @@ Definitions used everywhere in the report:
     artifacts); then mean ± std over runs (targets x seeds). "Strongest" is the largest value except for
     error metrics (``higher`` in fdg_audit/metrics/registry.py), where the smallest error is the strongest attack;
   * bytes on the bus: ``traffic``.
-Every file of a run folder is read through fdg_audit.runfolder.RunFolder; this module builds no path.
+Every file of a run folder is read through fdg_audit.store.runfolder.RunFolder; this module builds no path.
 """
 from __future__ import annotations
 
