@@ -212,7 +212,8 @@ class FlowerRecorder:
     DataConfig; its split seed is kept in truth/secrets.json), ``target`` the held-out domain, ``seed`` the run's seed.
     ``kinds``: {record name: artifact kind}; ``attacks``: the [[attacks]] tables ``attack RUN`` runs ("all": every
     applicable one); ``label`` the method's label in the report (default ``method``), ``dataset_label`` the data set's
-    (default its family); the run id is <dataset_label>/<label>/<target>/s<seed>. Everything is checked here, before the federation starts."""
+    (default its family); the run id is <dataset_label>/<label>/<target>/s<seed>. Everything is checked here, before
+    the federation starts."""
 
     def __init__(self, root, *, data: DataConfig, target: str, seed: int = 0, method: str = "fedavg",
                  settings: dict | None = None, model: ModelConfig | None = None, kinds: dict | None = None,
@@ -233,7 +234,8 @@ class FlowerRecorder:
         extra = {k: v for k, v in dataclasses.asdict(self.params).items() if k not in train}
         ds = {k: v for k, v in dataclasses.asdict(data).items() if k not in ("split_seed", "draw")}
         self.raw = dict(name=name, seeds=[self.seed], datasets=[dict(ds, label=dlabel, targets=[target])],
-                        model=dataclasses.asdict(self.model), train=train, methods=[dict(name=method, label=label, **extra)],
+                        model=dataclasses.asdict(self.model), train=train,
+                        methods=[dict(name=method, label=label, **extra)],
                         attacks=attacks)
         parse(self.raw)   # one-line errors for bad settings, kinds of data or attacks, before anything runs
         for k in self.kinds.values():
@@ -368,5 +370,5 @@ class FlowerRecorder:
                    for k, h in r["records"]]
             if sorted(got) != sorted(seen.get(who, [])):
                 raise UserError(f"{self.root}: client {who}'s receipts ({len(got)} records) differ from the ledger's "
-                                f"({len(seen.get(who, []))}): put the recorder's client_mod first in ClientApp(mods=[...]) "
-                                "so that no mod changes a message after it")
+                                f"({len(seen.get(who, []))}): put the recorder's client_mod first in "
+                                "ClientApp(mods=[...]) so that no mod changes a message after it")

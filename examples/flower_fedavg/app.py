@@ -75,28 +75,31 @@ class BankFedAvg(FedAvg):
         return super().aggregate_train(server_round, replies)
 
 
-def make_apps(rec, bank: bool = False, clients: list[str] | None = None):
-    """(server_app, client_app) of the federation ``rec`` (an fdg_audit.flower.FlowerRecorder) records."""
+def make_apps(rec, bank: bool = False, record: bool = True):
+    """(server_app, client_app) of the federation ``rec`` (an fdg_audit.flower.FlowerRecorder) records; with
+    ``record=False`` the same app without the recorder (bench/flower_overhead.py)."""
     p, cfg, mc, run_id, seed = rec.params, rec.data, rec.model, rec.run_id, rec.seed
-    client_app = ClientApp(mods=[rec.client_mod])                                     # fdg_audit
+    client_app = ClientApp(mods=[rec.client_mod] if record else [])                  # fdg_audit
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
         torch.set_num_threads(1)
         d = dataset(cfg)
-        names = clients or [c.name for s in d.domains if s.name != rec.target for c in d.clients(s.name)]
+        names = [c.name for s in d.domains if s.name != rec.target for c in d.clients(s.name)]
         k = int(context.node_config["partition-id"])
         me, rnd = d.domain(names[k]), int(msg.content["config"]["server-round"])
         gen = seeded(run_id, seed, k + 1, rnd)
         net = build_model(mc, d.channels, d.num_classes, d.size)
         net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         loss = fit(net, me.train.x, me.train.y, p, gen)
-        declare(context, names[k], idx=me.train.idx)                                  # fdg_audit
+        if record:
+            declare(context, names[k], idx=me.train.idx)                              # fdg_audit
         out = {"arrays": ArrayRecord(net.state_dict()),
                "metrics": MetricRecord({"train_loss": loss, "num-examples": len(me.train.y)})}
         if bank and rnd == 1:
             out["amp"] = ArrayRecord({"amp": torch.fft.fft2(me.train.x).abs()})
-            declare(context, names[k], "amp", idx=me.train.idx)                     # fdg_audit
+            if record:
+                declare(context, names[k], "amp", idx=me.train.idx)                 # fdg_audit
         return Message(RecordDict(out), reply_to=msg)
 
     server_app = ServerApp()
@@ -108,8 +111,10 @@ def make_apps(rec, bank: bool = False, clients: list[str] | None = None):
         net = build_model(mc, d.channels, d.num_classes, d.size)
         n = len(list(grid.get_node_ids()))
         strategy = (BankFedAvg if bank else FedAvg)(fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
-        strategy.start(grid=rec.wrap(grid), initial_arrays=ArrayRecord(net.state_dict()),  # fdg_audit: wrap
+        strategy.start(grid=rec.wrap(grid) if record else grid,                            # fdg_audit: wrap
+                       initial_arrays=ArrayRecord(net.state_dict()),
                        num_rounds=p.rounds, evaluate_fn=rec.evaluate_fn)                    # fdg_audit
-        rec.finish()                                                                        # fdg_audit
+        if record:
+            rec.finish()                                                                    # fdg_audit
 
     return server_app, client_app

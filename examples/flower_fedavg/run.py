@@ -54,11 +54,12 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--split-seed", type=int, default=20261128)
+    ap.add_argument("--strategies", nargs="+", choices=["fedavg", "fedavg_bank"], default=["fedavg", "fedavg_bank"])
     ap.add_argument("--no-attack", action="store_true")
     a = ap.parse_args(argv)
     folders = []
     for seed in a.seeds:
-        for bank in (False, True):
+        for bank in [s == "fedavg_bank" for s in a.strategies]:
             root = Path(a.out) / f"{'fedavg_bank' if bank else 'fedavg'}_s{seed}"
             simulate(recorder(root, seed, bank, a.rounds, a.split_seed), bank)
             folders.append(str(root))
