@@ -142,12 +142,12 @@ def test_edited_recording_stops_attack_with_one_line(recorded, tmp_path, what):
         lines[3] = lines[3].replace('"round":1', '"round":2')
         (copy / "messages.jsonl").write_text("".join(lines))
     else:
-        e = next(e for e in led.envelopes if e.kind == "weights" and e.sender == "rot30/0" and e.round == 1)
+        e = next(e for e in led.envelopes if e.kind == "amplitude_bank" and e.sender == "rot30/0")
         p = led.payload_path(e.sha256)
         data = bytearray(p.read_bytes())
         data[-1] ^= 1
         p.write_bytes(bytes(data))
-    r = subprocess.run([sys.executable, "-m", "fdg_audit", "attack", str(copy), "--attacks", "update_inversion"],
+    r = subprocess.run([sys.executable, "-m", "fdg_audit", "attack", str(copy), "--attacks", "amplitude_fingerprint"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert ("does not chain" if what == "line" else "does not match its envelope") in r.stderr
