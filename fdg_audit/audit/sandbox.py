@@ -57,9 +57,10 @@ from ..attack import Aux
 from ..errors import UserError
 from ..plugins import import_path
 from ..store.ledger import Ledger, atomic_write
+from ..store.safe import entries, read_in
 from ..workers import worker_context
 from .bwrap import bwrap_argv, clean_env, sandbox_mode
-from .transport import AttackFailed, decode, encode, read_result
+from .transport import MAX_KEPT, AttackFailed, decode, encode, read_result
 from .worker import LIMITS, _worker
 
 def materialise(folder: Path, ledger: Ledger, envs: list) -> None:
@@ -128,10 +129,11 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
     ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control" |
     "describe"), optionally timeout (s) and memory_gb (``LIMITS``) and, for "run", run (protocol fields), adversary,
     me. ``types``: the output classes the parent accepts back. ``cache``: the attack's cache folder, read-only in
-    the view as ``cache/``. Under bubblewrap the job runs in a warm sandbox of its attack (``WarmSandbox``)."""
+    the view as ``cache/``. Under bubblewrap the job runs in a sandbox of its own (``Sandbox``)."""
     spec = dict(spec, timeout=float(spec.get("timeout") or LIMITS["timeout"]),
                 memory_gb=float(spec.get("memory_gb") or LIMITS["memory_gb"]))
-    cache = cache if cache is not None and Path(cache).is_dir() else None
+    cache = cache if cache is not None and Path(cache).name in entries(Path(cache).parents[1], Path(cache).parent.name,
+                                                                       folders=True) else None   # a real folder
     paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
     nonce = secrets.token_hex(16)
     if sandbox_mode() == "bwrap":
@@ -162,8 +164,9 @@ def _write_view(folder: Path, spec: dict, paths: dict, ledger, envs, aux, cache:
     if spec["mode"] == "run":
         materialise(folder, ledger, list(envs))
         (folder / "aux.npz").write_bytes(encode(aux))
-    if cache is not None:
-        shutil.copytree(cache, folder / "cache")
+    if cache is not None:   # its regular files, each read as data (no link, no FIFO)
+        for name in entries(cache.parents[1], cache.relative_to(cache.parents[1])):
+            atomic_write(folder / "cache" / name, read_in(cache.parents[1], cache / name, MAX_KEPT) or b"")
     threads = spec.get("threads") or torch.get_num_threads()
     atomic_write(folder / "view.json", json.dumps(dict(spec, threads=threads), default=str))
     atomic_write(folder / "paths.json", json.dumps(paths))
@@ -264,8 +267,8 @@ _USED: set = set()   # binds that had a job
 
 def _take(spec: dict, paths: dict, cache) -> Sandbox:
     """A pristine sandbox for this job (one started ahead, else a new one), and, from the second job of the same binds
-    on, another started ahead for the next job of those binds (a plugin named by path, an attack's cache, the device and memory limit); sandboxes
-    started for other binds are ended, so that at most one set waits."""
+    on, another started ahead for the next job of those binds (a plugin named by path, an attack's cache, the device
+    and memory limit); sandboxes started for other binds are ended, so that at most one set waits."""
     method, attack = spec.get("run", {}).get("plugin", ""), spec["attack"]
     key = (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache),
            spec["memory_gb"])

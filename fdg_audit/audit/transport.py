@@ -174,4 +174,4 @@ def store_kept(cache_dir: Path, kept) -> None:
     for key, arrays in check_kept(kept).items():
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        atomic_write(Path(cache_dir) / f"{key}.npz", buf.getvalue())
+        atomic_write(Path(cache_dir) / f"{key}.npz", buf.getvalue(), Path(cache_dir).parents[1])   # the run folder
