@@ -109,9 +109,10 @@ def read_in(root, path, cap: int = MAX_FILE_BYTES) -> bytes | None:
     finally:
         os.close(dfd)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):   # replaced between the check and the open
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):   # replaced between the check and the open
             raise _refuse(root, parts, "is not a regular file")
-        data = f.read(cap + 1)
+        data = f.read(min(cap, st.st_size) + 1)
     if len(data) > cap:
         raise _refuse(root, parts, f"is larger than {cap >> 20} MiB")
     return data
