@@ -142,8 +142,9 @@ def write_in(root, path, data: bytes | str) -> Path:
 
 
 def entries(root, path, folders: bool = False) -> list[str]:
-    """The names of the regular files (``folders``: the folders) directly in folder ``path`` under ``root``,
-    sorted; links and anything else are left out; [] when the folder does not exist."""
+    """The names of the files directly in folder ``path`` under ``root``, sorted: everything but folders (a link, a
+    FIFO or a device among them is refused by ``read_in`` when read); ``folders``: the folders only, never a link to
+    one. [] when the folder does not exist."""
     root, parts = _split(root, path)
     try:
         dfd = _walk(root, parts, False)
@@ -152,6 +153,6 @@ def entries(root, path, folders: bool = False) -> list[str]:
     try:
         with os.scandir(dfd) as it:
             return sorted(e.name for e in it
-                          if (e.is_dir(follow_symlinks=False) if folders else e.is_file(follow_symlinks=False)))
+                          if e.is_dir(follow_symlinks=False) == folders)
     finally:
         os.close(dfd)

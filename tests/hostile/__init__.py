@@ -199,6 +199,8 @@ class Forger(Attack):
         if mode != "describe":
             return
         Path("result.npz").write_bytes(encode({"describe": portrait(self)}))
+        if b"bwrap" not in Path("/proc/1/cmdline").read_bytes():   # not inside a sandbox: the host's init
+            return
         for fd in ("/proc/1/fd/1", "/proc/1/fd/0"):
             try:
                 with open(fd, "w") as f:
@@ -215,8 +217,11 @@ class Forger(Attack):
                 forged = {"controls": []} if spec["mode"] == "control" else \
                     {"outputs": [Skipped(spec["me"], "weights", 1, "forged")], "keep": {}}
                 Path("result.npz").write_bytes(encode(forged))
-                with open("/proc/1/fd/1", "w") as f:
-                    f.write("done\n")
+                try:
+                    with open("/proc/1/fd/1", "w") as f:
+                        f.write("done\n")
+                except OSError:
+                    pass
             time.sleep(0.05)
 
     def run(self, view, aux):
