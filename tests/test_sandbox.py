@@ -2,7 +2,6 @@
 over the job's whole process tree and its shared memory, time limits in describe mode, and Ctrl-C while a worker
 starts. Each test is one of the hostile tester's tries (tests/hostile/), as root with bubblewrap and, where the try
 applies, as plain processes."""
-import json
 import multiprocessing
 import os
 import signal
@@ -68,7 +67,7 @@ def test_the_memory_limit_holds_over_shared_memory_and_children(copy, monkeypatc
     monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
     _settings(copy, attack_memory_gb=0.25, attack_timeout=300)
     run_attacks(copy, [{"name": "hostile:Hog", "how": how, "mb": 1000}], quiet=True)
-    got = json.loads(_reason(copy, "hostile_hog"))
+    got = _reason(copy, "hostile_hog")
     assert got["held"] <= 1.5 * 256, got
     if how == "children":
         assert got == {"held": 0, "why": "PermissionError"}, got
