@@ -20,6 +20,7 @@ from .report import write_report
 from .report.traffic import bytes_summary
 from .scenario import Scenario, dump_toml, load_raw, new_secrets, parse, plan, with_secrets
 from .store.ledger import atomic_write, read_secrets
+from .store.safe import read_in
 from .store.runfolder import RunFolder
 from .train.runs import train_runs
 
@@ -99,7 +100,7 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
     RunFolder(root).summary()
     with from_folder(root, allow=names, trust=trust):
         cfg = root / "config.resolved.toml"   # its attacks, and its parallel and threads settings
-        sc = parse(load_raw(cfg)) if cfg.exists() or not names else Scenario()
+        sc = parse(load_raw(cfg)) if read_in(root, cfg) is not None or not names else Scenario()   # data first
         conf = [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks]
         # a name on the command line takes the folder's settings of the entry of that label (else of that name)
         pick = lambda n: next((c for c in conf if c["label"] == n), None) or \

@@ -81,7 +81,7 @@ class Scenario:
     see_also: list = field(default_factory=list)   # lines the report prints beside the attacks left out here, e.g.
                                                    # which scenario ran them and where its report is
     attack_timeout: float = 3600.0   # seconds one attack worker (describe, control, one run) may take; then killed
-    attack_memory_gb: float = 8.0    # memory (data size, GB) of one attack worker; beyond it the worker fails
+    attack_memory_gb: float = 8.0    # memory (GB of address space beyond its start) of one attack job; beyond it the job fails
 
 
 def parse_value(text: str):

@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..params import safe_name
 from ..plugins import import_path, resolve
 from ..store.runfolder import RunInfo
-from .sandbox import run_isolated
+from .sandbox import close_warm, run_isolated
 from .transport import AttackFailed
 from ..vocab import SHARED, AttackParams, attack_params
 from .worker import portrait
@@ -149,6 +149,7 @@ def check_attacks(attack_cfgs: list[dict], limits: dict = {}) -> None:  # noqa: 
     ``limits``: timeout, memory_gb; default sandbox.LIMITS)."""
     for c in attack_cfgs:
         describe(c, "cpu", limits)
+    close_warm()   # no sandbox waits through the training
 
 
 MAX_TEXT = 2000   # characters of a string field of an output (a skip reason, a variant, a truth name)

@@ -37,6 +37,7 @@ from ..progress import Eta
 from ..store.ledger import Ledger, open_verified
 from ..store.runfolder import RunFolder, RunInfo
 from ..vocab import attack_params
+from ..store.safe import read_in
 from . import sandbox
 from .bwrap import PROTECT
 from .checks import OUTPUTS, Described, _checked, _make, checked_outputs
@@ -171,9 +172,10 @@ def attack_limits(root: Path) -> dict:
     """The run folder's ``attack_timeout`` and ``attack_memory_gb`` (config.resolved.toml; else the defaults,
     LIMITS) as a job's ``timeout`` and ``memory_gb``."""
     cfg, raw = Path(root) / "config.resolved.toml", {}
-    if cfg.exists():
+    data = read_in(root, cfg)
+    if data is not None:
         try:
-            raw = tomllib.loads(cfg.read_text(encoding="utf-8"))
+            raw = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
             raise UserError(f"{cfg} is not valid TOML: the run folder is damaged") from None
     t, m = check_limits(raw.get("attack_timeout", LIMITS["timeout"]),

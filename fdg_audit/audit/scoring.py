@@ -78,7 +78,7 @@ class Truth:
         f = RunFolder(self.root).truth_file(self.run_id, victim, name)
         if not f.exists():
             raise FileNotFoundError(f"no ground truth {f}")
-        return load_npz(f)
+        return load_npz(f, self.root)
 
 
 def build_aux(data, target: str, need: tuple, seed: int = 0) -> tuple[Aux, dict]:

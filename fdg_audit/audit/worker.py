@@ -24,6 +24,7 @@ from ..store.ledger import Ledger
 from ..vocab import attack_params
 from .bwrap import clean_env
 from .limits import LIMITS, check_limits  # noqa: F401  (the sandbox and the harness read them here)
+from .confine import confine
 from .transport import decode, encode
 
 
@@ -41,24 +42,25 @@ def _split(s):
 
 
 
-def _main(folder: str) -> None:
+def _main(folder: str, nonce: str) -> None:
     """Entry point under bubblewrap: the import paths come in the view folder's ``paths.json`` (a folder removed
     meanwhile, e.g. by Ctrl-C in the harness, ends the worker without a word)."""
     try:
         paths = json.loads((Path(folder) / "paths.json").read_text())
     except (OSError, ValueError):
         sys.exit(1)
-    _worker(folder, paths)
+    _worker(folder, paths, nonce)
 
 
 
-def _worker(folder: str, paths: dict) -> None:
+def _worker(folder: str, paths: dict, nonce: str = "") -> None:
     """Entry point of the attack process: read the view folder, run the attack, write ``result.npz``.
     ``paths``: the import path for the run's method and for the attack (see plugins.import_path). Before any plugin
-    code: its own session (the harness stops it with everything it started), the memory limit, the working directory
+    code: its own session (the harness stops it with everything it started), its limits (``confine``: memory, no
+    new process), the working directory
     is the view folder, argv and the environment name nothing of the harness (an allowlist, ENV_ALLOW), and Ctrl-C is
-    left to the harness (no traceback from the worker)."""
-    import resource
+    left to the harness (no traceback from the worker). The result carries ``nonce``, the job's own (the harness's check that
+    the answer is this job's)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.setsid()
@@ -74,14 +76,13 @@ def _worker(folder: str, paths: dict) -> None:
         spec = json.loads((root / "view.json").read_text())
     except (OSError, ValueError):
         sys.exit(1)
-    limit = int(float(spec.get("memory_gb") or LIMITS["memory_gb"]) * 2 ** 30)
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    confine(float(spec.get("memory_gb") or LIMITS["memory_gb"]))
     try:
-        data = encode(_job(spec, root, paths))
+        data = encode(dict(_job(spec, root, paths), nonce=nonce))
     except UserError as e:
-        data = encode({"user_error": str(e)})
+        data = encode({"user_error": str(e), "nonce": nonce})
     except Exception as e:  # noqa: BLE001  (reported by the parent as a failed row, like an in-process crash)
-        data = encode({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        data = encode({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "nonce": nonce})
     out = root / "result.npz"
     if os.path.lexists(out):   # whatever the plugin left there (a link, a FIFO) is replaced, never written through
         os.unlink(out)

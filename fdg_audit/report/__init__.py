@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from ..store.ledger import atomic_write
+from ..store.safe import entries
 from ..metrics.registry import HARMS, card_metrics, info
 from ..metrics import stats as S
 from ..metrics.stats import CALLS_TEXT
@@ -70,7 +71,7 @@ def headline(root) -> str:
     if by:
         out += ["", "bytes on the bus by artifact kind (↑ client→server, ↓ server→client), mean per run:"]
         out += bytes_lines(res, by)
-    figs = sorted(p.name for p in (Path(root) / "plots").glob("tradeoff_*.png"))
+    figs = [f for f in entries(root, "plots") if f.startswith("tradeoff_") and f.endswith(".png")]
     out.append(page_one_text(res, card, CMP.between(res, card), CV.by_size(res), by, figs))
     return "\n".join(out)
 
@@ -298,7 +299,7 @@ def _csv(path: Path, fields: list[str], rows: list[dict]) -> None:
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     w.writerows(rows)
-    atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue(), path.parent)
 
 
 def _runs_md(res, run_dirs, runs_md) -> list[str]:
@@ -358,6 +359,6 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     md += dp_section(card, res.ok, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε
     md += _figures_md(roc_files, rec_files)
     path = out / "report.md"
-    atomic_write(path, "\n".join(md))
+    atomic_write(path, "\n".join(md), out)
     write_html(md, out)
     return path
