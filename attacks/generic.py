@@ -216,6 +216,13 @@ class GenericArtifact(Attack):
     knows = ("architecture", "local_hyperparams")
     Params = Params
 
+    def __init__(self, params=None, device: str = "cpu"):
+        super().__init__(params, device)
+        if self.p.kinds:
+            self.consumes = tuple(self.p.kinds)
+        else:
+            self.ignores = tuple(self.p.skip)
+
     def run(self, view, aux) -> list:
         p, outs = self.p, []
         kinds = set(p.kinds) if p.kinds else None

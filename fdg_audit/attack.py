@@ -2,7 +2,7 @@
 ``fdg_audit.api.attack`` (with ``fdg_audit.api``).
 
 An attack plugin is a subclass of ``Attack`` with
-  ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
+  ``name``; ``consumes`` (artifact kinds, or ``("*",)``: every kind but those in ``ignores``); ``adversary`` ("server" | "client" | "eavesdropper");
   ``aux`` (a subset of "public", "domain_samples", "candidates", "layout"); ``Params`` (a dataclass extending
   ``AttackParams``); ``outputs`` ({output variant: what that variant assumes, in words}: the report's threat-model
   column reads it, so the core keeps no word list about attacks);
@@ -192,7 +192,8 @@ class Control:
 
 class Attack:
     name = ""
-    consumes: tuple = ()
+    consumes: tuple = ()          # artifact kinds; ("*",): every kind, less ``ignores``
+    ignores: tuple = ()
     adversary = "server"
     aux: tuple = ()
     outputs: dict = {}            # output variant -> what it assumes, in words ("" = the attack's main output)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from .audit.checks import check_attacks
+from .audit.coverage import plan_lines, write_coverage
+from .bus import ARTIFACT_KINDS
 from .audit.harness import run_attacks
 from .errors import UserError
-from .plugins import available, from_folder
+from .plugins import available, from_folder, load_method
 from .report import write_report
 from .report.traffic import bytes_summary
 from .scenario import Scenario, dump_toml, load_raw, new_secrets, parse, plan, with_secrets
@@ -50,8 +53,9 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             for r in plan(with_secrets(raw, keys))]
     sc0 = runs[0]["sc"]
     attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
-    check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
+    described = check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
     check_filters(attack_cfgs, runs)
+    plan_coverage(runs, described, quiet)
     # the recorded configuration is without the secret split seeds: those go to truth/
     root, summary, ledger = train_runs(runs, dump_toml(raw), keys, path, sets, out, resume, preview, quiet)
     summary["bytes"] = bytes_summary((asdict(e) for e in ledger.stream()), summary["runs"])
@@ -59,6 +63,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     try:
         if attack_cfgs:
             run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads)
+        write_coverage(root)
         if sc0.report:
             write_report([root], root, quiet=quiet)
     except KeyboardInterrupt:
@@ -68,6 +73,27 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         failed = [r["run"] for r in summary["runs"] if r["status"] != "ok"]
         raise RuntimeError(f"{len(failed)} run(s) failed (see {root / 'summary.json'}): {', '.join(failed)}")
     return root
+
+
+def plan_coverage(runs: list[dict], described: dict, quiet: bool = False) -> None:
+    """Before training: each method's declared kinds are registered (one line if not), and the plan says which kinds
+    each method will send and which attacks read them, with a warning for a kind no attack reads (on stderr, even
+    when quiet)."""
+    methods = {}
+    for r in runs:
+        m = load_method(r["method"].name)
+        bad = [k for k in m.kinds if k not in ARTIFACT_KINDS]
+        if not m.kinds or bad:
+            raise UserError(f"method {r['method'].label}: " + (f"declares kind {bad[0]!r}, which is not registered: call "
+                            f"fdg_audit.api.method.register_kind({bad[0]!r}) in its module" if bad else
+                            "declares no kinds: list every artifact kind it sends in its class attribute kinds "
+                            "(methods/README.md)"))
+        methods[r["method"].label] = tuple(m.kinds)
+    lines, warns = plan_lines(methods, {label: (d.consumes, d.ignores) for label, d in described.items()})
+    if not quiet:
+        print("\n".join(lines))
+    for w in warns:
+        print(w, file=sys.stderr)
 
 
 def check_filters(attack_cfgs: list[dict], runs: list[dict]) -> None:
@@ -106,4 +132,6 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
             next((c for c in conf if c["name"] == n), None) or {"name": n}  # noqa: E731
         cfgs = [pick(n) for n in names] if names else conf or [{"name": n} for n in sorted(available("attack"))]
         out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
-    return f"leakage: {out}"
+    cov = write_coverage(root)
+    return (f"leakage: {out}; coverage: {cov}; report.md not updated: python -m fdg_audit report "
+            f"{shlex.quote(str(root))}")
