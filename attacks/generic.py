@@ -223,6 +223,12 @@ class GenericArtifact(Attack):
         else:
             self.ignores = tuple(self.p.skip)
 
+    def cost(self) -> dict:
+        """Per victim: its shadow pairs (pairs / group federations) and decoder; per candidate image (2 per member,
+        at most 30 members: the candidate pools): its single-image federation share. Loaded-machine estimates."""
+        return {"victim": 2.0 + 0.5 * self.p.pairs / self.p.group + 0.005 * self.p.steps, "image": 0.1,
+                "max_images": 30}
+
     def run(self, view, aux) -> list:
         p, outs = self.p, []
         kinds = set(p.kinds) if p.kinds else None

@@ -215,6 +215,13 @@ class Attack:
     def control(self) -> list[Control]:
         return []
 
+    def cost(self) -> dict:
+        """Optional, for the cost guard (fdg_audit.audit.coverage.estimate): the attack's estimated CPU seconds per
+        victim (``"victim"``) and per image of a victim (``"image"``, counted up to ``"max_images"`` images; 0 or
+        absent = all), from its per-iteration cost (bench/attack_cost.py) and its budget parameters. {}: not
+        estimated."""
+        return {}
+
     def threat(self) -> dict:
         """The declarations above resolved against the parameters, as plain values for attacks.json:
         {"priors": {variant: prior}, "budget": {variant: [iterations, restarts]}, "knows": [...], "rows": {...}}."""

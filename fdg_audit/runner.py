@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .audit.checks import check_attacks
-from .audit.coverage import plan_lines, write_coverage
+from .audit.coverage import estimate, plan_lines, write_coverage
 from .bus import ARTIFACT_KINDS
 from .audit.harness import run_attacks
 from .errors import UserError
@@ -41,7 +41,7 @@ def preview_of(raw: dict) -> dict:
 
 
 def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet: bool = False,
-                 resume: str | None = None, preview: bool = False) -> Path:
+                 resume: str | None = None, preview: bool = False, yes: bool = False) -> Path:
     """Validate the whole plan (runs and attacks), then run it into a new folder, or into ``resume`` skipping the
     runs that folder already finished (``train_runs``); then attack the folder and report it.
     ``preview``: ``preview_of`` the scenario (one seed), marked as a preview in the manifest."""
@@ -56,6 +56,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     described = check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
     check_filters(attack_cfgs, runs)
     plan_coverage(runs, described, quiet)
+    cost_guard(runs, described, sc0.attack_budget_s, yes, quiet)
     # the recorded configuration is without the secret split seeds: those go to truth/
     root, summary, ledger = train_runs(runs, dump_toml(raw), keys, path, sets, out, resume, preview, quiet)
     summary["bytes"] = bytes_summary((asdict(e) for e in ledger.stream()), summary["runs"])
@@ -94,6 +95,27 @@ def plan_coverage(runs: list[dict], described: dict, quiet: bool = False) -> Non
         print("\n".join(lines))
     for w in warns:
         print(w, file=sys.stderr)
+
+
+def cost_guard(runs: list[dict], described: dict, budget: float, yes: bool = False, quiet: bool = False) -> dict:
+    """Before training: each attack's estimated CPU seconds over the plan (``coverage.estimate``, from the attacks'
+    own per-victim and per-image costs); above ``attack_budget_s`` one line that names the dearest attacks and the
+    knobs, unless ``yes``. Returns the estimates."""
+    plan = [dict(kinds=load_method(r["method"].name).kinds, target=r["target"], seed=r["seed"], dataset=r["ds"].label,
+                 clients={c.name: len(c.train.y) for d in r["data"].domains if d.name != r["target"]
+                          for c in r["data"].clients(d.name)}) for r in runs]
+    est = estimate(described, plan)
+    total, top = sum(est.values()), sorted(est.items(), key=lambda kv: -kv[1])[:3]
+    none = sorted(label for label, d in described.items() if not d.cost)
+    if not quiet and described:
+        print(f"attacks: about {total / 60:.1f} CPU min estimated ({', '.join(f'{a} {s:.0f} s' for a, s in top)})"
+              + (f"; not estimated: {', '.join(none)}" if none else ""))
+    if total > budget and not yes:
+        raise UserError(f"the attacks are estimated at {total:.0f} CPU s, over attack_budget_s = {budget:g} (dearest: "
+                        f"{', '.join(f'{a} {s:.0f} s' for a, s in top)}): lower their iterations/restarts, max_images "
+                        f"or max_victims, limit them with targets/seeds/datasets (or exclude them), raise "
+                        f"attack_budget_s, or pass --yes")
+    return est
 
 
 def check_filters(attack_cfgs: list[dict], runs: list[dict]) -> None:

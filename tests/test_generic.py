@@ -1,6 +1,8 @@
 """The generic attack (attacks/generic.py): every kind a client uploads gets linkability, decoder and attribute
 cells, FedLowFreq's new kind (tests/fedlowfreq, a plugin written from methods/README.md) included, and FedDG's bank
 is linked to its images well above chance."""
+import csv
+
 import numpy as np
 import torch
 
@@ -47,3 +49,18 @@ def test_every_uploaded_kind_is_attacked_fedlowfreq_included(run_toml):
     assert bank and min(bank) >= 0.9
     kinds = {r["artifact"] for r in rows}
     assert "weights" not in kinds and "n_samples" in kinds     # model states are left to the weight attacks
+    # coverage.csv: every kind sent has a row; the strongest measurement, or "not attacked" and why
+    with open(root / "coverage.csv") as f:
+        cov = {(r["method"], r["kind"]): r for r in csv.DictReader(f)}
+    assert cov[("fedlowfreq", "class_lowfreq_amplitude")]["status"] == "measured"
+    assert cov[("fedlowfreq", "class_lowfreq_amplitude")]["attack"] == "generic_artifact"
+    assert cov[("feddg", "amplitude_bank")]["metric"] == "auc" and float(cov[("feddg", "amplitude_bank")]["value"]) > 0.9
+    assert cov[("fedavg", "weights")]["status"].startswith("not attacked: generic_artifact leaves it out")
+
+
+def test_the_plan_says_who_reads_each_kind_and_warns_for_a_kind_nobody_reads(run_toml, capsys):
+    run_toml(tiny_scenario(methods=[{"name": "fedlowfreq:FedLowFreq", "label": "fedlowfreq"}],
+                           attacks=[{"name": "dataset_size"}]))
+    err = capsys.readouterr().err
+    assert "method fedlowfreq sends 'class_lowfreq_amplitude' and no attack of this plan reads it" in err
+    assert "'n_samples' and no attack" not in err

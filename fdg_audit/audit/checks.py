@@ -45,6 +45,7 @@ class Described:
     threat: dict = dataclasses.field(default_factory=dict)   # Attack.threat(): priors, budget, knows, rows
     cache: str = ""                                           # Attack.cache: the attack cache its jobs share
     ignores: tuple = ()                                       # Attack.ignores: kinds a consumes = ("*",) leaves out
+    cost: dict = dataclasses.field(default_factory=dict)      # Attack.cost(): seconds per victim and per image
 
     def record(self, entry: str) -> dict:
         """The attack's line in attacks.json."""
@@ -109,7 +110,9 @@ def _checked(d, label: str) -> Described:
         raise UserError(f"attack {label}: its cache must be a name of at most {MAX_NAME} characters")
     return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
                      {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label),
-                     cache, tuple(x for x in d.get("ignores") or () if isinstance(x, str)))
+                     cache, tuple(x for x in d.get("ignores") or () if isinstance(x, str)),
+                     {str(k): float(v) for k, v in (d.get("cost") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e9})
 
 
 def _shared_params(p: dict, label: str) -> dict:

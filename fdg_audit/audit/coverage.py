@@ -42,8 +42,8 @@ def plan_lines(methods: dict, attacks: dict) -> tuple[list[str], list[str]]:
             parts.append(f"{k} ({', '.join(who) if who else 'NOT ATTACKED'})")
             if not who:
                 warns.append(f"warning: method {m} sends {k!r} and no attack of this plan reads it: it will show as "
-                             f"\"not attacked\"; add an attack that consumes it (attacks = \"all\" includes the generic "
-                             f"attack, generic_artifact)")
+                             f"\"not attacked\"; add an attack that consumes it, e.g. attacks = \"all\" (every registered "
+                             f"attack, including those that read every kind)")
         lines.append(f"coverage: {m} sends {'; '.join(parts)}")
     return lines, warns
 
@@ -125,3 +125,27 @@ def write_coverage(root) -> Path:
     path = Path(root) / "coverage.csv"
     atomic_write(path, buf.getvalue())
     return path
+
+
+def estimate(attacks: dict, runs: list[dict]) -> dict[str, float]:
+    """The cost guard's estimate, in CPU seconds, of each attack over the plan: ``attacks`` {label: Described},
+    ``runs`` the plan's runs (each with its ``method`` kinds as ``kinds``, ``clients`` {name: images},
+    ``target``, ``seed``, ``dataset``). An attack counts on a run when it reads a kind the method declares and its
+    filters want the run; per victim (at most ``max_victims``) ``victim`` + ``image`` x images (capped at its
+    ``max_images``), from ``Attack.cost()``; an attack without a cost counts 0 (not estimated)."""
+    out = {}
+    for label, d in attacks.items():
+        c, p = d.cost, d.p
+        total = 0.0
+        for r in runs:
+            if not any(reads(d.consumes, d.ignores, k) for k in r["kinds"]):
+                continue
+            if (p.targets and r["target"] not in p.targets) or (p.seeds and r["seed"] not in p.seeds) or \
+                    (p.datasets and r["dataset"] not in p.datasets):
+                continue
+            sizes = sorted(r["clients"].values())
+            sizes = sizes[:p.max_victims] if p.max_victims else sizes
+            cap = int(c.get("max_images", 0))
+            total += sum(c.get("victim", 0.0) + c.get("image", 0.0) * (min(n, cap) if cap else n) for n in sizes)
+        out[label] = total
+    return out
