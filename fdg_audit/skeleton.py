@@ -136,13 +136,7 @@ name = "{name}_check"
 threads = 1
 report = false
 attacks = "all"
-[data]
-dataset = "digits"
-domains = ["rot0", "rot15", "rot30"]
-per_domain = 40
-targets = ["rot0"]
-split_seed = 0
-[train]
+{tiny}[train]
 rounds = 1
 batch_size = 16
 [[methods]]
@@ -171,13 +165,7 @@ SCENARIO = """
 name = "{name}_check"
 threads = 1
 report = false
-[data]
-dataset = "digits"
-domains = ["rot0", "rot15", "rot30"]
-per_domain = 40
-targets = ["rot0"]
-split_seed = 0
-[train]
+{tiny}[train]
 rounds = 2
 batch_size = 16
 [[methods]]
@@ -201,6 +189,15 @@ def test_{name}_scores_each_victim(tmp_path):
 '''
 
 
+TINY = """[data]
+dataset = "digits"
+domains = ["rot0", "rot15", "rot30"]
+per_domain = 40
+targets = ["rot0"]
+split_seed = 0
+"""
+
+
 def new_plugin(kind: str, name: str, where: str = ".") -> Path:
     """Write the skeleton package of a method (``kind`` "method") or an attack ("attack") called ``name``."""
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,40}", name or ""):
@@ -209,7 +206,7 @@ def new_plugin(kind: str, name: str, where: str = ".") -> Path:
     if root.exists():
         raise UserError(f"new-{kind} {name}: {root} already exists; choose another name or remove it")
     cls = "".join(p.capitalize() for p in name.split("_")) or "Plugin"
-    fill = dict(name=name, cls=cls, group=kind + "s")
+    fill = dict(name=name, cls=cls, group=kind + "s", tiny=TINY)
     files = {"pyproject.toml": PYPROJECT, f"src/{name}/__init__.py": METHOD if kind == "method" else ATTACK,
              f"tests/test_{name}.py": TEST_METHOD if kind == "method" else TEST_ATTACK}
     for rel, text in files.items():

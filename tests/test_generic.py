@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from attacks.generic import arrays_of, link_scores, per_image
+from fdg_audit.audit.coverage import coverage_markdown
 from fdg_audit.bus import Payload
 from conftest import leakage_rows, tiny_scenario
 
@@ -29,7 +30,7 @@ def test_rows_that_follow_the_image_count_are_per_image_and_exact_copies_link_fi
     assert s[0] > s[1]
 
 
-def test_every_uploaded_kind_is_attacked_fedlowfreq_included(run_toml):
+def test_every_uploaded_kind_is_attacked_fedlowfreq_included(run_toml, one_thread):
     """FedAvg, FedDG and FedLowFreq with the generic attack: a link, decoder and domain cell for FedLowFreq's own
     kind and for FedDG's bank (linked to its images: AUC near 1), with baselines, and the controls passed."""
     text = tiny_scenario(
@@ -56,6 +57,9 @@ def test_every_uploaded_kind_is_attacked_fedlowfreq_included(run_toml):
     assert cov[("fedlowfreq", "class_lowfreq_amplitude")]["attack"] == "generic_artifact"
     assert cov[("feddg", "amplitude_bank")]["metric"] == "auc" and float(cov[("feddg", "amplitude_bank")]["value"]) > 0.9
     assert cov[("fedavg", "weights")]["status"].startswith("not attacked: generic_artifact leaves it out")
+    md = coverage_markdown(root)
+    assert "| fedavg | weights | client+server | **NOT ATTACKED**: generic_artifact leaves it out" in md
+    assert "| fedlowfreq | class_lowfreq_amplitude | client | generic_artifact" in md
 
 
 def test_the_plan_says_who_reads_each_kind_and_warns_for_a_kind_nobody_reads(run_toml, capsys):

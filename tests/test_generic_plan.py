@@ -44,3 +44,31 @@ def test_a_data_typo_is_named_as_data_and_plugin_names_get_install_advice(tmp_pa
     from fdg_audit.scenario import plan
     with pytest.raises(UserError, match=r"pip install -e <its folder>"):
         plan(load_raw(f))
+
+
+def test_new_method_and_new_attack_write_packages_that_work(tmp_path, monkeypatch, capsys, one_thread):
+    """The skeletons: files with their entry point, a method that runs a round sending only what it declares, an
+    attack whose controls pass; a bad or taken name is one line."""
+    import sys
+    from fdg_audit.cli import main
+    from fdg_audit.data import DataConfig, load_data
+    from fdg_audit.models import ModelConfig
+    from fdg_audit.store.ledger import MemoryLedger
+    from fdg_audit.train.federation import RunSpec, run_federation
+    monkeypatch.chdir(tmp_path)
+    assert main(["new-method", "zz_method"]) == 0 and main(["new-attack", "zz_attack"]) == 0
+    assert 'zz_method = "zz_method:ZzMethod"' in (tmp_path / "zz_method" / "pyproject.toml").read_text()
+    assert (tmp_path / "zz_attack" / "tests" / "test_zz_attack.py").exists()
+    assert main(["new-method", "zz_method"]) == 2 and main(["new-method", "Bad-Name"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    monkeypatch.syspath_prepend(str(tmp_path / "zz_method" / "src"))
+    monkeypatch.syspath_prepend(str(tmp_path / "zz_attack" / "src"))
+    from zz_attack import ZzAttack
+    from zz_method import KIND, ZzMethod
+    cfg = DataConfig(dataset="digits", per_domain=24, domains=["rot0", "rot15", "rot30"])
+    led = MemoryLedger()
+    run_federation(RunSpec("c/zz/rot0/s0", "zz_method:ZzMethod", ZzMethod.Params(rounds=1, batch_size=8), cfg,
+                           ModelConfig(), "rot0"), led, load_data(cfg))
+    assert KIND in {e.kind for e in led.envelopes} <= set(ZzMethod.kinds)
+    assert all(c.passed for c in ZzAttack().control())
+    sys.modules.pop("zz_method", None), sys.modules.pop("zz_attack", None)

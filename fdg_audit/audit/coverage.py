@@ -149,3 +149,26 @@ def estimate(attacks: dict, runs: list[dict]) -> dict[str, float]:
             total += sum(c.get("victim", 0.0) + c.get("image", 0.0) * (min(n, cap) if cap else n) for n in sizes)
         out[label] = total
     return out
+
+
+def coverage_markdown(root) -> str:
+    """A self-contained report section from coverage.csv (written by ``write_coverage``): one line per method and kind,
+    "not attacked" in capitals so it never reads like "no leak". "" when the folder has no coverage.csv."""
+    path = Path(root) / "coverage.csv"
+    if not path.exists():
+        return ""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = ["## Coverage: every kind sent", "",
+           "Each artifact kind a method sent, and the strongest attack that measured it (mean over runs; value vs its "
+           "baseline), or why none did.", "",
+           "| data set | method | kind | sent by | strongest measurement | value vs baseline (n runs) |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] == "measured":
+            what = f"{r['attack']} {r['output']} {r['metric']}".replace("  ", " ")
+            val = f"{r['value']} vs {r['baseline']} ({r['n']})"
+        else:
+            what, val = "**NOT ATTACKED**: " + r["status"].removeprefix("not attacked: "), "—"
+        out.append(f"| {r['dataset']} | {r['method']} | {r['kind']} | {r['senders']} | {what} | {val} |")
+    return "\n".join(out) + "\n"
