@@ -155,6 +155,11 @@ class UpdateInversion(Attack):
             raise UserError(f"update_inversion: prior = {self.p.prior!r}; use \"none\" or \"learned\"")
         self.adversary = self.p.adversary_view
 
+    def cost(self) -> dict:
+        """The cost guard's estimate: 3.5 ms per dummy image, iteration and restart (the main job's update inversion
+        time, README, over its victims' dummy images x 400 iterations; the plateau rule may stop earlier)."""
+        return {"victim": 1.0, "image": 3.5e-3 * self.p.iterations * self.p.restarts, "max_images": self.p.max_images}
+
     def _gen(self, *keys) -> torch.Generator:
         return seeding.torch_gen(self.p.seed, *keys)
 

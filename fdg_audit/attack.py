@@ -2,7 +2,7 @@
 ``fdg_audit.api.attack`` (with ``fdg_audit.api``).
 
 An attack plugin is a subclass of ``Attack`` with
-  ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
+  ``name``; ``consumes`` (artifact kinds, or ``("*",)``: every kind but those in ``ignores``); ``adversary`` ("server" | "client" | "eavesdropper");
   ``aux`` (a subset of "public", "domain_samples", "candidates", "layout"); ``Params`` (a dataclass extending
   ``AttackParams``); ``outputs`` ({output variant: what that variant assumes, in words}: the report's threat-model
   column reads it, so the core keeps no word list about attacks);
@@ -167,7 +167,8 @@ class Control:
 
 class Attack:
     name = ""
-    consumes: tuple = ()
+    consumes: tuple = ()          # artifact kinds; ("*",): every kind, less ``ignores``
+    ignores: tuple = ()
     adversary = "server"
     aux: tuple = ()
     outputs: dict = {}            # output variant -> what it assumes, in words ("" = the attack's main output)
@@ -188,6 +189,13 @@ class Attack:
 
     def control(self) -> list[Control]:
         return []
+
+    def cost(self) -> dict:
+        """Optional, for the cost guard (fdg_audit.audit.coverage.estimate): the attack's estimated CPU seconds per
+        victim (``"victim"``) and per image of a victim (``"image"``, counted up to ``"max_images"`` images; 0 or
+        absent = all), from its per-iteration cost (bench/attack_cost.py) and its budget parameters. {}: not
+        estimated."""
+        return {}
 
     def threat(self) -> dict:
         """The declarations above resolved against the parameters, as plain values for attacks.json:

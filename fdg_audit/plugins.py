@@ -73,7 +73,8 @@ def _import(path: str, kind: str, name: str = ""):
     mod, _, attr = path.partition(":")
     if not attr:
         raise UserError(f"{kind} {path!r} is neither a registered name ({', '.join(sorted(available(kind))) or 'none'})"
-                        f" nor a \"module:Class\" path: fix the name, or `pip install -e .` so built-ins register")
+                        f" nor a \"module:Class\" path: fix the name; a plugin of your own registers when its package (with its "
+                        f"entry point) is installed: pip install -e <its folder>, or name it \"module:Class\"")
     saved = sys.path[:]
     sys.path[:] = import_path(name or path)
     try:
@@ -99,7 +100,8 @@ def resolve(kind: str, name: str) -> str:
     path = path or name
     if ":" not in path:
         raise UserError(f"{kind} {path!r} is neither a registered name ({', '.join(sorted(available(kind))) or 'none'})"
-                        f" nor a \"module:Class\" path: fix the name, or `pip install -e .` so built-ins register")
+                        f" nor a \"module:Class\" path: fix the name; a plugin of your own registers when its package (with its "
+                        f"entry point) is installed: pip install -e <its folder>, or name it \"module:Class\"")
     return path
 
 

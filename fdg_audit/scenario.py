@@ -82,6 +82,8 @@ class Scenario:
                                                    # which scenario ran them and where its report is
     attack_timeout: float = 3600.0   # seconds one attack worker (describe, control, one run) may take; then killed
     attack_memory_gb: float = 8.0    # memory (GB of address space beyond its start) of one attack job; beyond it the job fails
+    attack_budget_s: float = 900.0   # the cost guard: a plan whose attacks are estimated above this many CPU seconds
+                                     # stops before training and names the knobs (or runs with --yes)
 
 
 def parse_value(text: str):
@@ -101,6 +103,8 @@ def apply_set(raw: dict, assignment: str) -> None:
     if not sep:
         raise UserError(f"--set {assignment[:100]!r}: write key=value, e.g. --set train.rounds=3")
     parts, node, i = key.strip().split("."), raw, 0
+    if parts[0] == "attacks" and raw.get("attacks") == "all":   # the short form is the table form's shorthand
+        raw["attacks"] = [{"name": "all"}]
     if node is raw and parts[0] in LIST_TABLES and len(parts) > 1 and not isinstance(raw.get(parts[0]), list):
         hint = " (this scenario has a [data] table: address it as data.<key>)" if parts[0] == "datasets" and \
             "data" in raw else ""
@@ -172,7 +176,8 @@ def parse(raw: dict) -> Scenario:
                "scenario")
     sc.model = typed(ModelConfig, raw.get("model", {}), "model")
     ds = raw.get("datasets") or [{}]
-    sc.datasets = [typed(DatasetEntry, d, f"datasets[{i}]") for i, d in enumerate(ds)]
+    where = lambda i: "data" if len(ds) == 1 and "label" not in ds[0] else f"datasets[{i}]"  # noqa: E731  [data]
+    sc.datasets = [typed(DatasetEntry, d, where(i)) for i, d in enumerate(ds)]
     for d in sc.datasets:
         d.label = d.label or (d.family if d.dataset in ("mnist", "digits", "idx") else Path(d.root).name or d.dataset)
     safe_name(sc.name, "name")
@@ -220,7 +225,7 @@ def parse(raw: dict) -> Scenario:
         if t != "all" and (not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t)
                            or len(set(t)) != len(t)):
             hint = f"[{t!r}]" if isinstance(t, str) else '["rot0"]'
-            raise UserError(f"datasets[{i}].targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
+            raise UserError(f"{'data' if len(sc.datasets) == 1 else f'datasets[{i}]'}.targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
                             f"names, e.g. targets = {hint}".replace("'", '"'))
     return sc
 

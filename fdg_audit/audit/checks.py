@@ -16,6 +16,7 @@ import torch
 
 from ..attack import ADVERSARIES, AUX, CAPABILITIES, PRIORS, Control, Skipped, load_attack
 from ..attack import OUTPUTS as RUN_OUTPUTS
+from ..attack import Audit, Estimate, Predictions, Reconstruction, Scores
 from ..errors import UserError
 from ..params import safe_name
 from ..plugins import import_path, resolve
@@ -43,11 +44,13 @@ class Described:
     p: Any
     threat: dict = dataclasses.field(default_factory=dict)   # Attack.threat(): priors, budget, knows, rows
     cache: str = ""                                           # Attack.cache: the attack cache its jobs share
+    ignores: tuple = ()                                       # Attack.ignores: kinds a consumes = ("*",) leaves out
+    cost: dict = dataclasses.field(default_factory=dict)      # Attack.cost(): seconds per victim and per image
 
     def record(self, entry: str) -> dict:
         """The attack's line in attacks.json."""
         return dict(name=entry, adversary=self.adversary, aux=list(self.aux), consumes=list(self.consumes),
-                    outputs=dict(self.outputs), **self.threat)
+                    ignores=list(self.ignores), outputs=dict(self.outputs), **self.threat)
 
 
 _DESCRIBED: dict = {}   # probe results of this process, by (attack config, device, import path)
@@ -107,7 +110,9 @@ def _checked(d, label: str) -> Described:
         raise UserError(f"attack {label}: its cache must be a name of at most {MAX_NAME} characters")
     return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
                      {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label),
-                     cache)
+                     cache, tuple(x for x in d.get("ignores") or () if isinstance(x, str)),
+                     {str(k): float(v) for k, v in (d.get("cost") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e9})
 
 
 def _threat(t, label: str) -> dict:
@@ -144,12 +149,12 @@ def _make(cfg: dict, device, isolate: bool = True, limits: dict = {}):  # noqa: 
     return describe(cfg, device, limits) if isolate else make_attack(cfg, device)
 
 
-def check_attacks(attack_cfgs: list[dict], limits: dict = {}) -> None:  # noqa: B006
+def check_attacks(attack_cfgs: list[dict], limits: dict = {}) -> dict:  # noqa: B006
     """Every attack loads and its parameters are valid (before any training), each probed in a worker (within
-    ``limits``: timeout, memory_gb; default sandbox.LIMITS)."""
-    for c in attack_cfgs:
-        describe(c, "cpu", limits)
+    ``limits``: timeout, memory_gb; default sandbox.LIMITS). Returns {label: Described}."""
+    out = {label: d for label, d, _ in (describe(c, "cpu", limits) for c in attack_cfgs)}
     close_warm()   # no sandbox waits through the training
+    return out
 
 
 MAX_TEXT = 2000   # characters of a string field of an output (a skip reason, a variant, a truth name)
@@ -198,6 +203,7 @@ def checked_outputs(outs, run: RunInfo, me: str) -> list:
                 if a.dtype.kind not in "biuf":
                     raise bad("give a numeric array")
                 setattr(o, f.name, torch.from_numpy(np.ascontiguousarray(a)) if "Tensor" in kind else a)
+        _in_range(o, run)
         parts = o.victim.split("+")
         if not (all(x in run.clients for x in parts) or isinstance(o, Skipped) and o.victim in (me, "")):
             raise AttackFailed(f"{name}.victim = {o.victim[:80]!r} is not a client of run {run.run} "
@@ -209,3 +215,32 @@ def checked_outputs(outs, run: RunInfo, me: str) -> list:
                 raise AttackFailed(f"{name}.{k} = {v[:80]!r}: use letters, digits and _ . -{' ' + ' '.join(extra) if extra else ''} "
                                    "only")
     return outs
+
+
+def _in_range(o, run: RunInfo) -> None:
+    """An output's values have the shape and range their scorer assumes (refused, never clamped): a
+    Reconstruction's images (N, C, H, W) of the run's image shape in [0, 1], predictions among their classes,
+    finite scores and non-negative finite estimates."""
+    name = type(o).__name__
+    if isinstance(o, Reconstruction):
+        c, s = run.channels, run.size
+        im = o.images
+        if im.dim() != 4 or len(im) == 0 or (c and tuple(im.shape[1:]) != (c, s, s)):
+            raise AttackFailed(f"Reconstruction.images has shape {tuple(im.shape)}: expected (N, {c}, {s}, {s}), "
+                               f"N >= 1, in [0, 1]")
+        lo, hi = float(im.min()), float(im.max())
+        if not (0.0 <= lo and hi <= 1.0):   # NaN fails both
+            raise AttackFailed(f"Reconstruction.images has values in [{lo:.4g}, {hi:.4g}]: expected pixels in [0, 1] "
+                               f"(map them there, e.g. x.clamp(0, 1) or (x - min) / (max - min), before returning)")
+    elif isinstance(o, Predictions):
+        p = np.asarray(o.pred)
+        if p.size and (p.min() < 0 or p.max() >= o.n_classes or not np.all(p == np.round(p))):
+            raise AttackFailed(f"Predictions.pred holds values in [{p.min()}, {p.max()}]: expected integers in "
+                               f"[0, {o.n_classes - 1}] (n_classes = {o.n_classes})")
+    elif isinstance(o, (Scores, Audit)):
+        if not np.all(np.isfinite(np.asarray(o.scores, float))):
+            raise AttackFailed(f"{name}.scores holds NaN or infinite values: expected finite numbers")
+    elif isinstance(o, Estimate):
+        v = np.asarray(o.value, float)
+        if not np.all(np.isfinite(v)) or (v < 0).any():
+            raise AttackFailed(f"Estimate.value holds {v.ravel()[:4]}: expected finite numbers >= 0")

@@ -72,7 +72,7 @@ def observer(atk, run: RunInfo) -> str:
 
 def applicable(atk, kinds) -> bool:
     """Whether an attack applies to a run: its adversary observed an artifact kind the attack consumes."""
-    return bool(set(atk.consumes) & set(kinds))
+    return bool(set(kinds) - set(getattr(atk, "ignores", ())) if "*" in atk.consumes else set(atk.consumes) & set(kinds))
 
 
 def wanted(atk, run: RunInfo) -> bool:

@@ -31,9 +31,11 @@ from .transport import decode, encode
 def portrait(atk) -> dict:
     """What the metadata probe (mode "describe") reports of a constructed attack: plain values only."""
     return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
-                aux=list(atk.aux), outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
+                aux=list(atk.aux), ignores=[str(k) for k in getattr(atk, "ignores", ())],
+                outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
                 params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)),
-                threat=json.loads(json.dumps(atk.threat(), default=str)), cache=str(getattr(atk, "cache", "") or ""))
+                threat=json.loads(json.dumps(atk.threat(), default=str)),
+                cost={str(k): float(v) for k, v in dict(atk.cost()).items()}, cache=str(getattr(atk, "cache", "") or ""))
 
 
 

@@ -140,7 +140,7 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     filters = dict(spec.filters or {})
     for k, fs in build_filters(spec.privacy).items():   # fresh per run: accountants live for one run
         filters[k] = filters.get(k, []) + fs
-    bus = Bus(ledger, spec.run_id, method.name, filters=filters)
+    bus = Bus(ledger, spec.run_id, method.name, filters=filters, declared=method.kinds)
     pub = None
     if data.public is not None:
         bus.send("public", "public", "server", PUBLIC_AUX, {}, public_record(data.public, data.public_name))
