@@ -45,7 +45,7 @@ def test_reid_calibration_noisy_copy_at_22db_is_found_and_the_mean_image_is_not(
     reid = _row(got, "reid")
     assert reid["value"] >= 0.95 and reid["baseline"] == pytest.approx(1 / (1 + N_DISTRACTORS))
     assert reid["n_distractors"] == N_DISTRACTORS
-    mean = truth.public_images(["rot0", "rot15"]).mean(0, keepdim=True).expand_as(x).contiguous()
+    mean = truth.public_images(["rot0", "rot15"])[0].mean(0, keepdim=True).expand_as(x).contiguous()
     got_m, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, mean, rows=rows), truth, {}, _aux(truth))
     assert _row(got_m, "reid")["value"] <= 0.1
     # the mean image is one of the baselines: its PSNR is the baseline's (the flat image may be better)
@@ -59,7 +59,7 @@ def test_a_dim_copy_is_the_victims_image_and_a_blank_is_nobodys(truth):
     d = truth.data.domain("rot0")
     rows = np.arange(40)
     x = d.train.x[rows]
-    dis, _ = truth.distractors(d.train.idx[rows], d.train.y[rows].numpy(), ["rot0"] * 40, d.train.idx, N_DISTRACTORS)
+    dis, _, _ = truth.distractors(d.train.idx[rows], d.train.y[rows].numpy(), ["rot0"] * 40, d.train.idx, N_DISTRACTORS)
     assert M.reidentified(0.35 * x, x, dis).float().mean() >= 0.95
     B, D = dis.shape[:2]
     cand = torch.cat([x[:, None], dis], 1).flatten(0, 1)
@@ -76,7 +76,7 @@ def test_distractors_are_of_the_victims_domain_not_held_by_it_and_same_class_fir
     d = truth.data.domain("rot15")
     idx, y = d.train.idx[:5], d.train.y[:5].numpy()
     held = d.train.idx
-    dis, n = truth.distractors(idx, y, ["rot15"] * 5, held, 99)
+    dis, n, same = truth.distractors(idx, y, ["rot15"] * 5, held, 99)
     assert dis.shape[:2] == (5, 99) and (n == 99).all()
     pool_x, pool_y, pool_ids = truth.pool["rot15"]
     free = ~np.isin(pool_ids, held)
@@ -125,7 +125,7 @@ def test_unordered_guesses_matched_among_many_images_hit_at_their_baseline_not_a
             own, guess = ids0[perm[:64]], perm[64:68]
             keep = np.setdiff1d(np.arange(len(ids0)), guess)
             truth.pool["rot0"] = (x0[keep], y0[keep], ids0[keep])     # the guesses are no candidate
-            truth.by_idx = {int(g): (n, i) for n, (_, _, ii) in truth.pool.items() for i, g in enumerate(ii)}
+            truth.by_idx = {int(g): ("pool", n, i) for n, (_, _, ii) in truth.pool.items() for i, g in enumerate(ii)}
             truth.record = lambda v, n, own=own: {"idx": own}
             got, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, x0[guess], rows=None), truth, {},
                                           _aux(truth))
