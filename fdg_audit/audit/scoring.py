@@ -300,8 +300,8 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     Headline ``reid`` (linkable): the reconstruction picks its true image out of the true image and
     ``N_DISTRACTORS`` images of the same domain that the victim did not hold, those of its class first (the run's
     own, then images rendered by the domain's recipe from digits no client held: ``rendered_pool``), by nearest
-    neighbour on aligned standardised images. ``legible`` (per image 0/1): re-identified and its aligned correlation
-    with the true image at least ``LEGIBLE_CORR`` (image.legible: textured noise won by a hair is not legible).
+    neighbour on aligned standardised images. ``legible`` (per image 0/1): its aligned correlation with the true
+    image is at least ``LEGIBLE_CORR`` (image.legible: textured noise won by a hair is not legible).
     Their baseline is the strongest guess an attacker has for free (``free_guesses``), scored exactly like the
     attack (the same matching, distractors and rule), never below ``chance``: 1/(1 + D) where the rows are known
     or one output meets one image, else (k outputs matched among N images, N = 1 included) the hit rate of k free
@@ -374,7 +374,7 @@ def _reid(truth: Truth, r: torch.Tensor, victim: tuple, held: np.ndarray, match:
     xs, ra = x[ci], M.aligned(r[ri], x[ci])
     dis, n_dis, n_same = truth.distractors(idx[ci], y.numpy()[ci], [doms[i] for i in ci], held, N_DISTRACTORS)
     hit = M.reidentified(ra, xs, dis)
-    leg = M.legible(ra, xs, dis, hit)
+    leg = M.legible(ra, xs)
     return ri, ci, ra, hit.numpy().astype(float), leg.numpy().astype(float), n_dis, n_same
 
 

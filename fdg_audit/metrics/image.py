@@ -115,7 +115,7 @@ def reidentified(rec, truth, distractors, aligned_match=True):
     return ~flat & (d[:, 0] < d[:, 1:].amin(1) if D else torch.ones(B, dtype=torch.bool, device=rec.device))
 
 
-LEGIBLE_CORR = 0.5   # aligned correlation with the true image at or above which a re-identified image is legible
+LEGIBLE_CORR = 0.6   # aligned correlation with the true image at or above which a reconstruction is legible
 
 
 def aligned_corr(rec, truth):
@@ -127,14 +127,13 @@ def aligned_corr(rec, truth):
     return ((a * b).flatten(2).sum(2) / max(n - 1, 1)).clamp(-1, 1).mean(1)
 
 
-def legible(rec, truth, distractors, hits=None, threshold=LEGIBLE_CORR):
-    """Legibility, shape (B,) bool: the reconstruction is re-identified (``reidentified``; pass ``hits`` to reuse
-    them) and its aligned correlation with the true image (``aligned_corr``) is at least ``threshold``. Textured
-    noise with the true image's spectrum can win re-identification by a hair (every candidate about as far); it
-    correlates with its true image at 0.2-0.4, a reconstruction a person reads as the digit at 0.5 or more
-    (tests/test_legible.py: the labelled check set)."""
-    hits = reidentified(rec, truth, distractors) if hits is None else hits
-    return hits & (aligned_corr(rec, truth) >= threshold)
+def legible(rec, truth, threshold=LEGIBLE_CORR):
+    """Legibility, shape (B,) bool: the reconstruction's aligned correlation with its true image (``aligned_corr``)
+    is at least ``threshold``, whether or not it is re-identified (a clear "1" can be as near another "1").
+    Textured noise with the true image's spectrum, which can win re-identification by a hair, correlates with its
+    true image at 0.07-0.55; reconstructions a person reads as the image at 0.67-1.0 (tests/test_legible.py: the
+    labelled check set and the rule's agreement with it)."""
+    return aligned_corr(rec, truth) >= threshold
 
 
 def ssim(x, y, data_range=1.0, win_size=11, sigma=1.5, k1=0.01, k2=0.03):

@@ -43,8 +43,8 @@ _ROWS = [  # name, unit, higher, lo, hi, harm, label, text, card, per_victim
      "the strongest free guess's re-identification against chance: above chance, the artifact links an image "
      "without any attack (the bank's amplitude is a fingerprint)", False, False),
     ("legible", "fraction", True, 0.0, 1.0, "reconstruction", "legible",
-     "fraction of reconstructions re-identified with an aligned correlation of at least 0.5 with the true image "
-     "(textured noise that wins re-identification by a hair is not legible; checked against a labelled set in "
+     "fraction of reconstructions with an aligned correlation of at least 0.6 with the true image (textured noise "
+     "that wins re-identification by a hair is not legible; checked against a labelled set in "
      "tests/test_legible.py); baseline: the free guess's legibility", False, False),
     ("psnr", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "recon PSNR dB",
      "mean PSNR of the aligned reconstructions against the true images", False, False),
