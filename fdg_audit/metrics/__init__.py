@@ -5,8 +5,8 @@ scored metric) are imported on their own (``from fdg_audit.metrics import stats`
 from .dp import (clopper_pearson_upper, eps_lower_bound, gaussian_sigma, one_run_eps, one_run_eps_fdp,
                  one_run_p_value)
 from .image import (
-    PSNR_CAP_DB, aligned, aligned_mse, aligned_psnr, label_count_accuracy, match_batch, matched_psnr, mse, psnr,
-    reidentified, ssim, success_rate,
+    LEGIBLE_CORR, PSNR_CAP_DB, aligned, aligned_corr, aligned_mse, aligned_psnr, label_count_accuracy, legible,
+    match_batch, matched_psnr, mse, psnr, reidentified, ssim, success_rate,
 )
 from .membership import (
     auc, balanced_accuracy, chance, existence_f1, relative_error, resolvable, roc, tpr_at_fpr, tpr_interval,
@@ -14,7 +14,7 @@ from .membership import (
 
 __all__ = [
     "PSNR_CAP_DB", "mse", "psnr", "aligned", "aligned_psnr", "ssim", "success_rate", "match_batch",
-    "matched_psnr", "label_count_accuracy", "aligned_mse", "reidentified",
+    "matched_psnr", "label_count_accuracy", "aligned_mse", "reidentified", "aligned_corr", "legible", "LEGIBLE_CORR",
     "roc", "auc", "resolvable", "tpr_at_fpr", "tpr_interval", "balanced_accuracy", "chance", "existence_f1",
     "relative_error",
     "clopper_pearson_upper", "eps_lower_bound", "one_run_p_value", "one_run_eps", "one_run_eps_fdp", "gaussian_sigma",

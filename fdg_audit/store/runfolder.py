@@ -41,7 +41,7 @@ import tomllib
 
 LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact",
                "round", "victim", "output", "metric", "value", "baseline", "status", "alignment", "baseline_kind",
-               "plateau", "n_distractors"]
+               "plateau", "n_distractors", "n_same_class", "chance", "free_guess"]
 ITEM_KEYS = ("run", "attack", "adversary", "artifact", "round", "victim", "output", "metric", "status")
 NEEDS = {"leakage.csv": ("run", "attack", "metric", "value", "baseline", "round", "status"),
          "privacy.csv": ("run", "epsilon", "delta")}
