@@ -339,9 +339,7 @@ class PhaseRetrieval(_BankAttack):
                         f"({min(p.learned_steps, p.hio)} latent + {max(p.hio - p.learned_steps, 0)} HIO + {p.er} ER) "
                         f"x {p.restarts} restarts"}
 
-    def cost(self) -> dict:
-        """The cost guard's estimate: 0.28 ms per image, iteration, restart and variant (the main job's phase
-        retrieval time, README, over its images x variants x 400 iterations; the plateau rule may stop earlier)."""
+    def cost(self) -> dict:   # the cost guard: 0.28 ms per image, iteration, restart and variant (the main job's)
         p = self.p
         return {"image": 2.8e-4 * (p.hio + p.er) * p.restarts * max(1, len(p.variants)), "max_images": p.max_images}
 

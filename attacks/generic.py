@@ -142,7 +142,6 @@ class Features:
         return torch.as_tensor(z @ self.proj if self.proj is not None else z, dtype=torch.float32)
 
 
-# ------------------------------------------------------------------------------------------- link
 
 def link_scores(observed: dict, singles: list, names: list[str]) -> np.ndarray:
     """How well each single-image artifact explains the observed one (higher: more likely a member)."""
@@ -202,6 +201,36 @@ def train_decoder(z: torch.Tensor, t: torch.Tensor, weight: torch.Tensor, steps:
 
 
 # ------------------------------------------------------------------------------------------- the attack
+
+def _pairs(arts: list, clients: list, cdom: list, names: list, k: int, shape: tuple, seed: int) -> tuple:
+    """The decoder's training pairs from the shadow artifacts: one (row, image) pair per image where the artifact
+    has per-image rows (``names``), else one (artifact, class means and label shares) pair per client.
+    (features z, images, slot mask, classes, domains, flat length)."""
+    c, s = shape
+    if names:   # one (row, image) pair per image
+        z = np.concatenate([rows_of(a, names) for a in arts])
+        img = torch.cat([cl.x for cl in clients]).float().unsqueeze(1)   # (rows, 1 slot, C, H, W)
+        mask = torch.ones(len(z), 1, dtype=torch.bool)
+        cls = torch.cat([cl.y for cl in clients]).long()
+        dom = torch.as_tensor(np.concatenate([np.full(len(cl.y), d) for cl, d in zip(clients, cdom)]))
+        cap = seeding.rng(seed, "generic-rows").permutation(len(z))[:4000]
+        z, img, mask, cls, dom = z[cap], img[cap], mask[cap], cls[cap], dom[cap]
+        length = 0
+    else:       # one (artifact, class means) pair per client
+        length = max(len(flat_of(a, [])) for a in arts)
+        z = np.stack([flat_of(a, [], length) for a in arts])
+        img = torch.zeros(len(arts), k, c, s, s)
+        mask = torch.zeros(len(arts), k, dtype=torch.bool)
+        cls = torch.zeros(len(arts), k)
+        for i, cl in enumerate(clients):
+            for j in range(k):
+                sel = cl.y == j
+                if sel.any():
+                    img[i, j], mask[i, j] = cl.x[sel].float().mean(0), True
+            cls[i] = torch.bincount(cl.y.long(), minlength=k)[:k].float() / len(cl.y)
+        dom = torch.as_tensor(cdom)
+    return z, img, mask, cls, dom, length
+
 
 class GenericArtifact(Attack):
     name = "generic_artifact"
@@ -298,28 +327,7 @@ class GenericArtifact(Attack):
         p, (c, s, _) = self.p, view.shape
         t0 = time.process_time()
         n_dom = len(aux.domains)
-        if names:   # one (row, image) pair per image
-            z = np.concatenate([rows_of(a, names) for a in arts])
-            img = torch.cat([cl.x for cl in clients]).float().unsqueeze(1)   # (rows, 1 slot, C, H, W)
-            mask = torch.ones(len(z), 1, dtype=torch.bool)
-            cls = torch.cat([cl.y for cl in clients]).long()
-            dom = torch.as_tensor(np.concatenate([np.full(len(cl.y), d) for cl, d in zip(clients, cdom)]))
-            cap = seeding.rng(p.seed, "generic-rows").permutation(len(z))[:4000]
-            z, img, mask, cls, dom = z[cap], img[cap], mask[cap], cls[cap], dom[cap]
-            length = 0
-        else:       # one (artifact, class means) pair per client
-            length = max(len(flat_of(a, [])) for a in arts)
-            z = np.stack([flat_of(a, [], length) for a in arts])
-            img = torch.zeros(len(arts), k, c, s, s)
-            mask = torch.zeros(len(arts), k, dtype=torch.bool)
-            cls = torch.zeros(len(arts), k)
-            for i, cl in enumerate(clients):
-                for j in range(k):
-                    sel = cl.y == j
-                    if sel.any():
-                        img[i, j], mask[i, j] = cl.x[sel].float().mean(0), True
-                cls[i] = torch.bincount(cl.y.long(), minlength=k)[:k].float() / len(cl.y)
-            dom = torch.as_tensor(cdom)
+        z, img, mask, cls, dom, length = _pairs(arts, clients, cdom, names, k, (c, s), p.seed)
         feats = Features(z, p.dim, p.seed)
         slots, px = img.shape[1], c * s * s
         onehot = lambda v, n: F.one_hot(v.clamp_min(0), n).float()  # noqa: E731
@@ -379,9 +387,10 @@ class GenericArtifact(Attack):
         return outs
 
     def control(self) -> list[Control]:
+        from attacks.generic_controls import control_run   # the controls' methods subclass FedAvg: loaded when used
         bank = control_run("feddg", "amplitude_bank", self.p)
-        raw = control_run(f"{__name__}:RawMethod", "scalar", self.p)
-        noise = control_run(f"{__name__}:NoiseMethod", "scalar", self.p)
+        raw = control_run("attacks.generic_controls:RawMethod", "scalar", self.p)
+        noise = control_run("attacks.generic_controls:NoiseMethod", "scalar", self.p)
         return [Control("FedDG's bank linked to its images (AUC)", "auc", bank["auc"], 0.9),
                 Control("images sent as they are: decoded image nearest a member (chance 0.5)", "reid", raw["reid"],
                         0.9),
@@ -389,80 +398,3 @@ class GenericArtifact(Attack):
                         positive=False),
                 Control("data-independent artifact: decoded image nearest a member, above chance 0.5", "reid",
                         noise["reid"] - noise["chance"], 0.25, positive=False)]
-
-
-# ------------------------------------------------------------------------------------------- controls
-
-class NoiseClient(load_method("fedavg").Client):
-    def on_noise(self, msg):
-        """A vector drawn from the client's random stream: nothing of its data."""
-        return Reply("scalar", {"z": torch.randn(32, generator=self.gen)})
-
-
-class RawClient(load_method("fedavg").Client):
-    def on_noise(self, msg):
-        """The positive control's artifact: the training images as they are."""
-        return Reply("scalar", {"x": self.train.x})
-
-
-class NoiseServer(load_method("fedavg").Server):
-    def begin(self):
-        super().begin()
-        self.ask("noise")
-
-
-class NoiseMethod(MethodPlugin):
-    """The negative control's method: FedAvg plus one data-independent random vector per client in round 0."""
-    name = "generic_noise_control"
-    Params = load_method("fedavg").Params
-    Server, Client = NoiseServer, NoiseClient
-    kinds = ("n_samples", "scalar", "weights")
-
-
-class RawMethod(NoiseMethod):
-    """The decoder's positive control: FedAvg plus each client's training images sent as they are in round 0."""
-    name = "generic_raw_control"
-    Client = RawClient
-
-
-def control_run(method: str, kind: str, p: Params) -> dict:
-    """The attack end to end on a small federation of ``method`` on 8x8 digits: 4 clients of 6 images, candidates of
-    6 members and 6 non-members each; the link AUC over all candidates, and how often a decoded image's nearest
-    candidate is a member ("reid"), with its chance (the members' share)."""
-    from fdg_audit.api import metrics
-    data = load_data(DataConfig(dataset="digits", family="rotated", per_domain=60, split_seed=3))
-    doms = data.domains[:4]
-    k, shape = data.num_classes, (data.channels, data.size, data.num_classes)
-    rng = np.random.default_rng(0)
-    clients, cands, members, samples = {}, {}, {}, {}
-    for d in doms:
-        tr, va = d.train, d.val
-        mem = rng.choice(len(tr.y), 6, replace=False)
-        non = rng.choice(len(va.y), 6, replace=False)
-        clients[d.name] = (_sub(tr, mem), _sub(va, non))
-        order = rng.permutation(12)
-        both = Split(torch.cat([tr.x[mem], va.x[non]]), torch.cat([tr.y[mem], va.y[non]]), np.arange(12))
-        cands[d.name], members[d.name] = _sub(both, order), (order < 6).astype(float)
-        rest = np.setdiff1d(np.arange(len(tr.y)), mem)
-        samples[d.name] = _sub(tr, rest[:40])
-    params = load_method(method).Params(rounds=1, local_epochs=1, batch_size=8, lr=0.05)
-    view = federate(method, params, ModelConfig(), clients, k, seed=1, run_id="generic-control", until_round=0)
-    view.shape = shape
-    from fdg_audit.api.attack import Aux
-    aux = Aux(public=samples[doms[-1].name], domain_samples=samples, candidates=cands, num_classes=k,
-              domains=[d.name for d in doms])
-    atk = GenericArtifact(dataclasses.replace(p, kinds=[kind],
-                                              pairs=16, max_size=6, steps=200))
-    outs = atk.run(view, aux)
-    sc = [o for o in outs if isinstance(o, Scores)]
-    auc = metrics.auc(np.concatenate([o.scores for o in sc]), np.concatenate([members[o.victim] for o in sc]))
-    hits, chance = [], []   # a decoded image's nearest candidate is a member (chance: the members' share)
-    for o in outs:
-        if isinstance(o, Reconstruction):
-            cx = cands[o.victim].x.flatten(1).float()
-            near = ((cx[None] - o.images.flatten(1).float()[:, None]) ** 2).mean(-1).argmin(1).numpy()
-            hits += list(members[o.victim][near])
-            chance += [members[o.victim].mean()] * len(near)
-    return dict(auc=float(auc), reid=float(np.mean(hits)) if hits else 0.0,
-                chance=float(np.mean(chance)) if chance else 1.0)
-

@@ -50,7 +50,7 @@ from .data import DataConfig, load_data
 from .errors import UserError
 from .models import ModelConfig, build_model
 from .params import TrainParams, safe_name
-from .plugins import load_method
+from .protocol import load_method
 from .protocol import accuracy
 from .report.traffic import bytes_summary
 from .scenario import dump_toml, parse

@@ -18,7 +18,8 @@ from .audit.coverage import estimate, plan_lines, write_coverage
 from .bus import ARTIFACT_KINDS
 from .audit.harness import run_attacks
 from .errors import UserError
-from .plugins import available, from_folder, load_method
+from .plugins import available, from_folder
+from .protocol import load_method
 from .report import write_report
 from .report.traffic import bytes_summary
 from .scenario import Scenario, dump_toml, load_raw, new_secrets, parse, plan, with_secrets

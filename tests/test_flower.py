@@ -109,7 +109,7 @@ def test_ledger_bytes_are_the_arrays_flower_sent(recorded):
 def test_native_and_flower_fedavg_send_the_same_weights(recorded):
     """The same FedAvg (data, seeds, clients) run natively: the broadcast and the uploads of round 1 are the same
     bytes; round 2 agrees within float tolerance (Flower averages in float32, native FedAvg in float64)."""
-    from fdg_audit.plugins import load_method
+    from fdg_audit.protocol import load_method
     from fdg_audit.train.federation import RunSpec, run_federation
     root, rec = recorded
     native = MemoryLedger()
