@@ -29,7 +29,8 @@ held, is one (artifact, images) pair. From these pairs:
 Artifact features: every array of the payload (update statistics ``stat/*`` excluded) and every numeric scalar,
 flattened, zero-padded to the longest shadow artifact, standardised on the shadow pairs and, above ``dim``
 features, projected by a fixed seeded random matrix. Kinds in ``skip`` (model states, attacked by the weight attacks)
-are left out unless named in ``kinds``; a kind only the server sends is not a client's upload and is not read here.
+and ``n_samples`` (attacked by dataset_size) are left out unless named in ``kinds``; a kind only the server sends is not
+a client's upload and is not read here.
 
 Controls (the same code end to end, on 8x8 digits, 4 clients of 6 images): FedDG's amplitude bank, a channel known to
 leak, must be linked (AUC >= 0.9); a method that sends its images as they are (``RawMethod``) must be decoded (a decoded
@@ -55,7 +56,7 @@ from fdg_audit.api.method import MethodPlugin, Reply
 @dataclass
 class Params(AttackParams):
     kinds: list = field(default_factory=list)   # kinds to attack ([] = every kind a client uploaded, less skip)
-    skip: list = field(default_factory=lambda: ["weights", "delta", "head", "metric", "public_aux"])
+    skip: list = field(default_factory=lambda: ["weights", "delta", "head", "n_samples", "metric", "public_aux"])
     pairs: int = 32               # shadow clients, i.e. (artifact, images) pairs, per kind and client size
     max_size: int = 32            # images per shadow client: the victim's n_samples when seen, capped here (else 8)
     group: int = 8                # shadow clients per shadow federation (>= 2)

@@ -49,7 +49,7 @@ def test_every_uploaded_kind_is_attacked_fedlowfreq_included(run_toml, one_threa
             and r["victim"] != "pooled"]
     assert bank and min(bank) >= 0.9
     kinds = {r["artifact"] for r in rows}
-    assert "weights" not in kinds and "n_samples" in kinds     # model states are left to the weight attacks
+    assert not {"weights", "n_samples"} & kinds     # model states and sizes are left to the weight and size attacks
     # coverage.csv: every kind sent has a row; the strongest measurement, or "not attacked" and why
     with open(root / "coverage.csv") as f:
         cov = {(r["method"], r["kind"]): r for r in csv.DictReader(f)}
