@@ -165,7 +165,6 @@ def link_scores(observed: dict, singles: list, names: list[str]) -> np.ndarray:
     return np.nan_to_num(out, nan=np.nanmin(out) if np.isfinite(out).any() else 0.0)
 
 
-# ------------------------------------------------------------------------------------------- decoder
 
 class Decoder(torch.nn.Module):
     """Artifact features -> targets (images, class and domain scores, flattened): a ridge regression, closed form,
