@@ -84,7 +84,6 @@ class Scenario:
     attack_memory_gb: float = 8.0    # memory (GB of address space beyond its start) of one attack job; beyond it the job fails
     attack_budget_s: float = 1800.0  # the cost guard: a plan whose attacks are estimated above this many CPU seconds
                                      # stops before training and names the knobs (or runs with --yes)
-                                     # stops before training and names the knobs (or runs with --yes)
 
 
 def parse_value(text: str):
