@@ -208,7 +208,8 @@ def test_attacks_all_selects_exactly_the_attacks_whose_consumes_meet_the_ledger(
         want = set()
         for c in cfgs:
             atk = load_attack(c["name"])()
-            if set(atk.consumes) & seen[atk.adversary]:
+            kinds = seen[atk.adversary]   # "*": every kind but those it ignores (the generic attack)
+            if (kinds - set(getattr(atk, "ignores", ())) if "*" in atk.consumes else set(atk.consumes) & kinds):
                 want.add(c["label"])
         assert set(labels) == want
         assert "test_scorecard:WeightsProbe" in labels and "test_scorecard:StyleProbe" not in labels
