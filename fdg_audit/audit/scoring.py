@@ -23,8 +23,8 @@ from ..errors import UserError
 from ..store.ledger import load_npz
 from ..privacy.audit import audit_rows
 from ..store.runfolder import RunFolder
-from .guesses import GUESS_CLASS_MEAN, GUESS_MEAN, GUESS_MEAN_PHASE, GUESS_RANDOM_PHASE, N_RENDERED, RENDERED_ID  # noqa: F401
-from .guesses import CHANCE_DRAWS, N_DISTRACTORS, _free_image, _match, free_guesses  # noqa: F401
+from .guesses import GUESS_CLASS_MEAN, GUESS_MEAN, GUESS_MEAN_PHASE, GUESS_RANDOM_PHASE, RENDERED_ID  # noqa: F401
+from .guesses import N_DISTRACTORS, _free_image, _match, free_guesses  # noqa: F401
 from .guesses import matched_chance  # noqa: F401
 from .guesses import rendered_pool  # noqa: F401  (re-exported for tests and the harness)
 
