@@ -339,6 +339,10 @@ class PhaseRetrieval(_BankAttack):
                         f"({min(p.learned_steps, p.hio)} latent + {max(p.hio - p.learned_steps, 0)} HIO + {p.er} ER) "
                         f"x {p.restarts} restarts"}
 
+    def cost(self) -> dict:   # the cost guard: 0.28 ms per image, iteration, restart and variant (the main job's)
+        p = self.p
+        return {"image": 2.8e-4 * (p.hio + p.er) * p.restarts * max(1, len(p.variants)), "max_images": p.max_images}
+
     def _support(self, variant: str, aux, victim: str, size: int) -> torch.Tensor | None:
         if variant == "box":
             return None

@@ -219,6 +219,7 @@ class FeatureParams(AttackParams):
     seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.model not in ("path", "upload", "broadcast") or self.points < 1:
             raise UserError(f"model = {self.model!r}, points = {self.points}: use \"path\" (points >= 1), "
                             "\"upload\" or \"broadcast\"")

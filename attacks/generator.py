@@ -54,6 +54,7 @@ class Params(AttackParams):
     seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.decoder_data not in ("public", "domain_samples"):
             raise UserError(f"decoder_data = {self.decoder_data!r}: use \"public\" or \"domain_samples\"")
         if self.direction not in ("auto", "toward", "away"):

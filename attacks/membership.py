@@ -78,6 +78,7 @@ class TargetParams(AttackParams):
     seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         if self.target_model not in TARGETS:
             raise UserError(f"target_model = {self.target_model!r}: use \"local\" or \"global\"")
 

@@ -1,6 +1,6 @@
-"""Wall-time ratios of a scenario's attacks in each worker kind: warm bubblewrap sandboxes (jobs forked
-from a server that imported the core; the default where bubblewrap works), a cold one (a fresh interpreter per job,
-as before warm sandboxes), a forkserver process (the default without bubblewrap), and inside the harness process
+"""Wall-time ratios of a scenario's attacks in each worker kind: bubblewrap sandboxes started ahead of their jobs
+(one per job, the next one importing the core while a job runs; the default where bubblewrap works), cold ones (each
+started when its job comes), a forkserver process (the default without bubblewrap), and inside the harness process
 (``isolate=False``, the unenforced debugging mode).
 
     python bench/attack_isolation.py [--scenario scenarios/feddg_vs_csac.toml] [--rounds 2] [--repeats 2]
@@ -68,9 +68,10 @@ def main() -> None:
         run_attacks(root, cfgs[:1], quiet=True, isolate=True)   # starts the forkserver (once per process)
         print(f"first isolated attack incl. forkserver start: {time.perf_counter() - t0:.1f}s", flush=True)
         modes = ["bwrap", "bwrap-cold"] * bwrap.bwrap_works() + ["process", "in-process"]
-        warm = sandbox._run_warm
-        cold = lambda spec, paths, ledger, envs, aux, cache, timeout: sandbox._run_once(  # noqa: E731
-            spec, paths, ledger, envs, aux, cache, timeout, True)
+        class Never(set):   # bwrap-cold: no binds count as used, so no sandbox is started ahead
+            def __contains__(self, key):
+                return False
+        warm, cold = sandbox._USED, Never()
         times, launches = {m: [] for m in modes}, []
         start = sandbox.run_isolated
 
@@ -81,7 +82,7 @@ def main() -> None:
         for _ in range(a.repeats):
             for m in modes:
                 os.environ["FDG_AUDIT_SANDBOX"] = m.split("-")[0] if m != "in-process" else "process"
-                sandbox._run_warm = cold if m == "bwrap-cold" else warm
+                sandbox._USED = cold if m == "bwrap-cold" else warm
                 launches.clear()
                 t0 = time.perf_counter()
                 run_attacks(root, cfgs, quiet=True, isolate=m != "in-process")
@@ -93,7 +94,7 @@ def main() -> None:
         print(f"{m} / in-process: {med[m] / med['in-process']:.3f}")
     if "bwrap" in med:
         print(f"bwrap / process: {med['bwrap'] / med['process']:.3f}")
-        print(f"bwrap (warm) / bwrap-cold: {med['bwrap'] / med['bwrap-cold']:.3f}")
+        print(f"bwrap (started ahead) / bwrap-cold: {med['bwrap'] / med['bwrap-cold']:.3f}")
 
 
 if __name__ == "__main__":

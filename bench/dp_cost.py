@@ -14,7 +14,7 @@ from fdg_audit.data import DataConfig, load_data
 from fdg_audit.train.federation import RunSpec, run_federation
 from fdg_audit.store.ledger import Ledger
 from fdg_audit.models import ModelConfig
-from fdg_audit.plugins import load_method
+from fdg_audit.protocol import load_method
 from fdg_audit.privacy import check_run, privacy_config
 
 CLIENT = {"client": {"clip": 0.5, "noise_multiplier": 1.0}}

@@ -2,7 +2,7 @@
 ``fdg_audit.api.attack`` (with ``fdg_audit.api``).
 
 An attack plugin is a subclass of ``Attack`` with
-  ``name``; ``consumes`` (artifact kinds); ``adversary`` ("server" | "client" | "eavesdropper");
+  ``name``; ``consumes`` (artifact kinds, or ``("*",)``: every kind but those in ``ignores``); ``adversary`` ("server" | "client" | "eavesdropper");
   ``aux`` (a subset of "public", "domain_samples", "candidates", "layout"); ``Params`` (a dataclass extending
   ``AttackParams``); ``outputs`` ({output variant: what that variant assumes, in words}: the report's threat-model
   column reads it, so the core keeps no word list about attacks);
@@ -40,38 +40,13 @@ import numpy as np
 import torch
 
 from . import records, seeding
-from .data import Split
+from .data.base import Split
 from .errors import UserError
 from .models import ModelConfig
-from .plugins import load, load_method
-from .protocol import load_arrays
+from .plugins import load
+from .protocol import load_arrays, load_method
 from .store.ledger import Ledger
-
-ADVERSARIES = ("server", "client", "eavesdropper")
-AUX = ("public", "domain_samples", "candidates", "layout")
-PRIORS = ("none", "layout", "learned", "oracle")   # image priors of a reconstruction, weakest first
-ORACLE = PRIORS[-1]
-CAPABILITIES = {   # what the attacker knows (the gradient-inversion SoK's threat-model flags, as LeakPro encodes them)
-    "architecture": "the model architecture",
-    "local_hyperparams": "the clients' local hyper-parameters (optimizer, lr, batch size, local steps)",
-    "bn_statistics": "BatchNorm running statistics",
-    "public_data": "public (surrogate) data",
-    "candidates": "the candidate images (members and non-members)",
-    "layout": "the data set's layout (support or frame)",
-    "generator": "the data set's own generator",
-}
-IMPLIED = {"public": "public_data", "domain_samples": "public_data", "candidates": "candidates", "layout": "layout",
-           PRIORS[1]: "layout", PRIORS[2]: "public_data", ORACLE: "generator"}   # aux name or prior -> capability
-
-
-@dataclass
-class AttackParams:
-    as_client: str = ""           # the curious client for adversary "client" (default: the first client)
-    max_victims: int = 0          # 0 = every victim the adversary can see
-    targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
-    seeds: list = field(default_factory=list)     # attack only runs of these seeds ([] = every run)
-    datasets: list = field(default_factory=list)  # attack only runs of these [[datasets]] labels ([] = every run)
-    seed: int = 0                 # the attack's own randomness (the harness salts it with each run's seed)
+from .vocab import ADVERSARIES, AUX, CAPABILITIES, IMPLIED, ORACLE, PRIORS, AttackParams  # noqa: F401  (vocabulary)
 
 
 def sample_victims(view, items: list, max_victims: int, key=lambda v: v) -> list:
@@ -192,7 +167,8 @@ class Control:
 
 class Attack:
     name = ""
-    consumes: tuple = ()
+    consumes: tuple = ()          # artifact kinds; ("*",): every kind, less ``ignores``
+    ignores: tuple = ()
     adversary = "server"
     aux: tuple = ()
     outputs: dict = {}            # output variant -> what it assumes, in words ("" = the attack's main output)
@@ -213,6 +189,13 @@ class Attack:
 
     def control(self) -> list[Control]:
         return []
+
+    def cost(self) -> dict:
+        """Optional, for the cost guard (fdg_audit.audit.coverage.estimate): the attack's estimated CPU seconds per
+        victim (``"victim"``) and per image of a victim (``"image"``, counted up to ``"max_images"`` images; 0 or
+        absent = all), from its per-iteration cost (bench/attack_cost.py) and its budget parameters. {}: not
+        estimated."""
+        return {}
 
     def threat(self) -> dict:
         """The declarations above resolved against the parameters, as plain values for attacks.json:

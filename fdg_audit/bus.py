@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import UserError
+
 MAGIC = b"FDG1"
 ARTIFACT_KINDS = {"weights", "delta", "bn_stats", "head", "amplitude_bank", "style_bank", "prototypes",
                   "generator", "scalar", "n_samples", "metric"}
@@ -147,8 +149,10 @@ class Mod:
 class Bus:
     """Records every transmission of one run in a ledger and delivers decoded copies."""
 
-    def __init__(self, ledger, run: str, method: str, filters: dict[str, list[Mod]] | None = None):
+    def __init__(self, ledger, run: str, method: str, filters: dict[str, list[Mod]] | None = None,
+                 declared: tuple | None = None):
         self.ledger, self.run, self.method = ledger, run, method
+        self.declared = None if declared is None else set(declared)   # the method's kinds: anything else is refused
         self.filters = filters or {}
         self.round, self.seq = 0, 0
         self.sent: dict[int, int] = {}   # wire bytes per round
@@ -177,7 +181,12 @@ class Bus:
                deliver: bool = True) -> Payload | None:
         """Record already-encoded bytes as one envelope and return the receiver's decoded copy (None when not
         ``deliver``: the engine delivers the bytes itself). The same bytes object sent again (a broadcast) is
-        hashed and its header parsed once."""
+        hashed and its header parsed once. A party's message of a kind the method did not declare is refused (one
+        line), as the conformance test would."""
+        if self.declared is not None and kind not in self.declared and sender != "public":
+            raise UserError(f"method {self.method} sent kind {kind!r} ({sender} -> {receiver}, phase {phase!r}), which "
+                            f"it does not declare (kinds = {tuple(sorted(self.declared))}): add it to the class "
+                            f"attribute kinds (methods/README.md)")
         if self._last is None or self._last[0] is not data:
             self._last = (data, decode_header(data)[0], hashlib.sha256(data).hexdigest())
         _, header, digest = self._last

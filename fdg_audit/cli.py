@@ -16,6 +16,7 @@ class ScenarioArgs:
     out: str = field(default="", metadata=dict(help="output root (default: the scenario's `out`, runs/)"))
     quiet: bool = field(default=False, metadata=dict(help="no progress bars"))
     resume: str = field(default="", metadata=dict(help="an interrupted run folder: skip its finished runs, run the rest"))
+    yes: bool = field(default=False, metadata=dict(help="run even when the attacks' estimate is over attack_budget_s"))
     preview: bool = field(default=False, metadata=dict(
         help="a first answer: one seed of every data set, the same methods and attacks (n = 1: no test)"))
 
@@ -39,12 +40,13 @@ class ReportArgs:
 
 
 USAGE = """usage: python -m fdg_audit COMMAND ...
-  scenario FILE [--set key=value ...] [--resume RUN_DIR] [--preview]
+  scenario FILE [--set key=value ...] [--resume RUN_DIR] [--preview] [--yes]
                                         run a scenario (train, record, attack, report), or finish one
   attack RUN_DIR [--attacks NAME ...] [--trust-plugins] [--in-process]
                                         re-run attacks on a finished run folder
   report RUN_DIR [RUN_DIR ...]          aggregate run folders into report.md + plots
-  plugins                               list methods and attacks and where they come from"""
+  plugins                               list methods and attacks and where they come from
+  new-method NAME | new-attack NAME     write a plugin package to start from (entry point and test)"""
 
 
 def _fold(argv: list[str], flag: str) -> list[str]:
@@ -67,7 +69,8 @@ def _fold(argv: list[str], flag: str) -> list[str]:
 def describe() -> str:
     """A table of every registered method and attack and where it comes from (``plugins``)."""
     from .attack import load_attack
-    from .plugins import GROUPS, available, load_method, origin
+    from .plugins import GROUPS, available, origin
+    from .protocol import load_method
     lines = []
     for kind in ("method", "attack"):
         lines.append(f"{kind}s ({GROUPS[kind]}):")
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
             a = ArgumentParser(ScenarioArgs, prog="fdg_audit scenario").parse_args(_fold(rest, "--set"))
             from .runner import run_scenario
             from .report import headline
-            root = run_scenario(a.file, a.set, a.out or None, a.quiet, a.resume or None, preview=a.preview)
+            root = run_scenario(a.file, a.set, a.out or None, a.quiet, a.resume or None, preview=a.preview, yes=a.yes)
             print(headline(root))
             print(f"results: {root}")
             if a.preview:
@@ -109,6 +112,13 @@ def main(argv=None) -> int:
             print(f"report: {write_report(a.run_dirs, a.out or a.run_dirs[0])}")
         elif cmd == "plugins":
             print(describe())
+        elif cmd in ("new-method", "new-attack"):
+            from .skeleton import new_plugin
+            if len(rest) != 1:
+                raise UserError(f"{cmd} takes one NAME, e.g. python -m fdg_audit {cmd} my_{cmd[4:]}")
+            root = new_plugin(cmd[4:], rest[0])
+            print(f"wrote {root}/: pip install -e {root} && python -m pytest {root}/tests "
+                  f"({'methods' if cmd == 'new-method' else 'attacks'}/README.md is the how-to)")
         else:
             print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
             return 2

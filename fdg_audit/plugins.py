@@ -1,4 +1,5 @@
-"""Plugin registry: methods and attacks are found through entry-point groups or explicit "module:Class".
+"""Plugin registry: methods and attacks are found through entry-point groups or explicit "module:Class"; each kind
+is checked beside its contract (``protocol.load_method``, ``attack.load_attack``).
 
 Built-ins register through the same groups (``fdg_audit.methods``, ``fdg_audit.attacks``) a third-party
 package would use, in ``pyproject.toml``. A scenario may also name ``"my_pkg.my_mod:MyAttack"`` directly.
@@ -18,7 +19,6 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from .errors import UserError
-from .protocol import MethodPlugin
 
 GROUPS = {"method": "fdg_audit.methods", "attack": "fdg_audit.attacks"}
 
@@ -73,7 +73,8 @@ def _import(path: str, kind: str, name: str = ""):
     mod, _, attr = path.partition(":")
     if not attr:
         raise UserError(f"{kind} {path!r} is neither a registered name ({', '.join(sorted(available(kind))) or 'none'})"
-                        f" nor a \"module:Class\" path: fix the name, or `pip install -e .` so built-ins register")
+                        f" nor a \"module:Class\" path: fix the name; a plugin of your own registers when its package (with its "
+                        f"entry point) is installed: pip install -e <its folder>, or name it \"module:Class\"")
     saved = sys.path[:]
     sys.path[:] = import_path(name or path)
     try:
@@ -99,21 +100,11 @@ def resolve(kind: str, name: str) -> str:
     path = path or name
     if ":" not in path:
         raise UserError(f"{kind} {path!r} is neither a registered name ({', '.join(sorted(available(kind))) or 'none'})"
-                        f" nor a \"module:Class\" path: fix the name, or `pip install -e .` so built-ins register")
+                        f" nor a \"module:Class\" path: fix the name; a plugin of your own registers when its package (with its "
+                        f"entry point) is installed: pip install -e <its folder>, or name it \"module:Class\"")
     return path
 
 
 def load(kind: str, name: str):
     """Resolve a plugin by registered name or by "module:Class" (see ``from_folder`` for run folders)."""
     return _import(resolve(kind, name), kind, name)
-
-
-def load_method(name: str):
-    m = load("method", name)
-    if not (isinstance(m, type) and issubclass(m, MethodPlugin)):
-        raise UserError(f"{name!r} is not a method plugin: subclass fdg_audit.api.method.MethodPlugin (see "
-                        "methods/fedavg.py)")
-    missing = [a for a in ("Server", "Client") if a not in dir(m)] + ([] if m.name else ["name"])
-    if missing:
-        raise UserError(f"method plugin {name!r} lacks {', '.join(missing)}: see MethodPlugin's docstring")
-    return m

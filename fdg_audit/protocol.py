@@ -22,9 +22,11 @@ import torch.nn.functional as F
 
 from . import seeding
 from .bus import Payload
-from .data import Domain, Split
+from .errors import UserError
+from .data.base import Domain, Split
 from .models import ModelConfig, build_model
 from .params import TrainParams, make_optimizer
+from .plugins import load
 from .privacy import prepare_client
 from .privacy.dpsgd import dp_fit
 
@@ -299,3 +301,16 @@ def accuracy(model, split: Split, device, batch: int = 512) -> float:
         x, y = split.x[i:i + batch].to(device), split.y[i:i + batch].to(device)
         correct += (model(x).argmax(1) == y).sum()
     return correct.item() / max(1, len(split.y))
+
+
+def load_method(name: str):
+    """The method plugin ``name`` (a registered name or "module:Class", ``plugins.load``), checked to be a
+    MethodPlugin with its Server, Client and name."""
+    m = load("method", name)
+    if not (isinstance(m, type) and issubclass(m, MethodPlugin)):
+        raise UserError(f"{name!r} is not a method plugin: subclass fdg_audit.api.method.MethodPlugin (see "
+                        "methods/fedavg.py)")
+    missing = [a for a in ("Server", "Client") if a not in dir(m)] + ([] if m.name else ["name"])
+    if missing:
+        raise UserError(f"method plugin {name!r} lacks {', '.join(missing)}: see MethodPlugin's docstring")
+    return m

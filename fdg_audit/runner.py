@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from .audit.checks import check_attacks
+from .audit.coverage import estimate, plan_lines, write_coverage
+from .bus import ARTIFACT_KINDS
 from .audit.harness import run_attacks
 from .errors import UserError
 from .plugins import available, from_folder
+from .protocol import load_method
 from .report import write_report
 from .report.traffic import bytes_summary
 from .scenario import Scenario, dump_toml, load_raw, new_secrets, parse, plan, with_secrets
 from .store.ledger import atomic_write, read_secrets
+from .store.safe import read_in
 from .store.runfolder import RunFolder
 from .train.runs import train_runs
 
@@ -38,7 +43,7 @@ def preview_of(raw: dict) -> dict:
 
 
 def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet: bool = False,
-                 resume: str | None = None, preview: bool = False) -> Path:
+                 resume: str | None = None, preview: bool = False, yes: bool = False) -> Path:
     """Validate the whole plan (runs and attacks), then run it into a new folder, or into ``resume`` skipping the
     runs that folder already finished (``train_runs``); then attack the folder and report it.
     ``preview``: ``preview_of`` the scenario (one seed), marked as a preview in the manifest."""
@@ -50,8 +55,10 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
             for r in plan(with_secrets(raw, keys))]
     sc0 = runs[0]["sc"]
     attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
-    check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
+    described = check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
     check_filters(attack_cfgs, runs)
+    plan_coverage(runs, described, quiet)
+    cost_guard(runs, described, sc0.attack_budget_s, yes, quiet)
     # the recorded configuration is without the secret split seeds: those go to truth/
     root, summary, ledger = train_runs(runs, dump_toml(raw), keys, path, sets, out, resume, preview, quiet)
     summary["bytes"] = bytes_summary((asdict(e) for e in ledger.stream()), summary["runs"])
@@ -59,6 +66,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     try:
         if attack_cfgs:
             run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads)
+        write_coverage(root)
         if sc0.report:
             write_report([root], root, quiet=quiet)
     except KeyboardInterrupt:
@@ -68,6 +76,48 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         failed = [r["run"] for r in summary["runs"] if r["status"] != "ok"]
         raise RuntimeError(f"{len(failed)} run(s) failed (see {root / 'summary.json'}): {', '.join(failed)}")
     return root
+
+
+def plan_coverage(runs: list[dict], described: dict, quiet: bool = False) -> None:
+    """Before training: each method's declared kinds are registered (one line if not), and the plan says which kinds
+    each method will send and which attacks read them, with a warning for a kind no attack reads (on stderr, even
+    when quiet)."""
+    methods = {}
+    for r in runs:
+        m = load_method(r["method"].name)
+        bad = [k for k in m.kinds if k not in ARTIFACT_KINDS]
+        if not m.kinds or bad:
+            raise UserError(f"method {r['method'].label}: " + (f"declares kind {bad[0]!r}, which is not registered: call "
+                            f"fdg_audit.api.method.register_kind({bad[0]!r}) in its module" if bad else
+                            "declares no kinds: list every artifact kind it sends in its class attribute kinds "
+                            "(methods/README.md)"))
+        methods[r["method"].label] = tuple(m.kinds)
+    lines, warns = plan_lines(methods, {label: (d.consumes, d.ignores) for label, d in described.items()})
+    if not quiet:
+        print("\n".join(lines))
+    for w in warns:
+        print(w, file=sys.stderr)
+
+
+def cost_guard(runs: list[dict], described: dict, budget: float, yes: bool = False, quiet: bool = False) -> dict:
+    """Before training: each attack's estimated CPU seconds over the plan (``coverage.estimate``, from the attacks'
+    own per-victim and per-image costs); above ``attack_budget_s`` one line that names the dearest attacks and the
+    knobs, unless ``yes``. Returns the estimates."""
+    plan = [dict(kinds=load_method(r["method"].name).kinds, target=r["target"], seed=r["seed"], dataset=r["ds"].label,
+                 clients={c.name: len(c.train.y) for d in r["data"].domains if d.name != r["target"]
+                          for c in r["data"].clients(d.name)}) for r in runs]
+    est = estimate(described, plan)
+    total, top = sum(est.values()), sorted(est.items(), key=lambda kv: -kv[1])[:3]
+    none = sorted(label for label, d in described.items() if not d.cost)
+    if not quiet and described:
+        print(f"attacks: about {total / 60:.1f} CPU min estimated ({', '.join(f'{a} {s:.0f} s' for a, s in top)})"
+              + (f"; not estimated: {', '.join(none)}" if none else ""))
+    if total > budget and not yes:
+        raise UserError(f"the attacks are estimated at {total:.0f} CPU s, over attack_budget_s = {budget:g} (dearest: "
+                        f"{', '.join(f'{a} {s:.0f} s' for a, s in top)}): lower their iterations/restarts, max_images "
+                        f"or max_victims, limit them with targets/seeds/datasets (or exclude them), raise "
+                        f"attack_budget_s, or pass --yes")
+    return est
 
 
 def check_filters(attack_cfgs: list[dict], runs: list[dict]) -> None:
@@ -99,11 +149,13 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
     RunFolder(root).summary()
     with from_folder(root, allow=names, trust=trust):
         cfg = root / "config.resolved.toml"   # its attacks, and its parallel and threads settings
-        sc = parse(load_raw(cfg)) if cfg.exists() or not names else Scenario()
+        sc = parse(load_raw(cfg)) if read_in(root, cfg) is not None or not names else Scenario()   # data first
         conf = [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks]
         # a name on the command line takes the folder's settings of the entry of that label (else of that name)
         pick = lambda n: next((c for c in conf if c["label"] == n), None) or \
             next((c for c in conf if c["name"] == n), None) or {"name": n}  # noqa: E731
         cfgs = [pick(n) for n in names] if names else conf or [{"name": n} for n in sorted(available("attack"))]
         out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
-    return f"leakage: {out}"
+    cov = write_coverage(root)
+    return (f"leakage: {out}; coverage: {cov}; report.md not updated: python -m fdg_audit report "
+            f"{shlex.quote(str(root))}")

@@ -17,16 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .attack import AttackParams
-from .audit.worker import check_limits
+from .audit.limits import check_limits
 from .data import DataConfig, load_data
 from .errors import UserError
-from .train.federation import check_participation, cohort_on
+from .train.settings import check_participation, cohort_on
 from .params import MAX_ROUNDS, TrainParams, _names, resolve_device, safe_name, typed  # noqa: F401  (typed re-exported)
 from .models import ARCHS, NORMS, ModelConfig
-from .plugins import available, load_method
+from .plugins import available
+from .protocol import load_method
 from .privacy import check_run, privacy_config
 from .train.ray_engine import ray_options
+from .vocab import SHARED
 import secrets
 
 
@@ -80,7 +81,9 @@ class Scenario:
     see_also: list = field(default_factory=list)   # lines the report prints beside the attacks left out here, e.g.
                                                    # which scenario ran them and where its report is
     attack_timeout: float = 3600.0   # seconds one attack worker (describe, control, one run) may take; then killed
-    attack_memory_gb: float = 8.0    # memory (data size, GB) of one attack worker; beyond it the worker fails
+    attack_memory_gb: float = 8.0    # memory (GB of address space beyond its start) of one attack job; beyond it the job fails
+    attack_budget_s: float = 1800.0  # the cost guard: a plan whose attacks are estimated above this many CPU seconds
+                                     # stops before training and names the knobs (or runs with --yes)
 
 
 def parse_value(text: str):
@@ -100,6 +103,8 @@ def apply_set(raw: dict, assignment: str) -> None:
     if not sep:
         raise UserError(f"--set {assignment[:100]!r}: write key=value, e.g. --set train.rounds=3")
     parts, node, i = key.strip().split("."), raw, 0
+    if parts[0] == "attacks" and raw.get("attacks") == "all":   # the short form is the table form's shorthand
+        raw["attacks"] = [{"name": "all"}]
     if node is raw and parts[0] in LIST_TABLES and len(parts) > 1 and not isinstance(raw.get(parts[0]), list):
         hint = " (this scenario has a [data] table: address it as data.<key>)" if parts[0] == "datasets" and \
             "data" in raw else ""
@@ -171,7 +176,8 @@ def parse(raw: dict) -> Scenario:
                "scenario")
     sc.model = typed(ModelConfig, raw.get("model", {}), "model")
     ds = raw.get("datasets") or [{}]
-    sc.datasets = [typed(DatasetEntry, d, f"datasets[{i}]") for i, d in enumerate(ds)]
+    where = lambda i: "data" if len(ds) == 1 and "label" not in ds[0] else f"datasets[{i}]"  # noqa: E731  [data]
+    sc.datasets = [typed(DatasetEntry, d, where(i)) for i, d in enumerate(ds)]
     for d in sc.datasets:
         d.label = d.label or (d.family if d.dataset in ("mnist", "digits", "idx") else Path(d.root).name or d.dataset)
     safe_name(sc.name, "name")
@@ -219,7 +225,7 @@ def parse(raw: dict) -> Scenario:
         if t != "all" and (not isinstance(t, list) or not t or not all(isinstance(x, str) for x in t)
                            or len(set(t)) != len(t)):
             hint = f"[{t!r}]" if isinstance(t, str) else '["rot0"]'
-            raise UserError(f"datasets[{i}].targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
+            raise UserError(f"{'data' if len(sc.datasets) == 1 else f'datasets[{i}]'}.targets = {t!r}: give \"all\" or a non-empty list of distinct domain "
                             f"names, e.g. targets = {hint}".replace("'", '"'))
     return sc
 
@@ -255,7 +261,7 @@ def _attack_list(att) -> list:
     return att
 
 
-SHARED_ATTACK_KEYS = tuple(f.name for f in dataclasses.fields(AttackParams))   # every attack takes them
+SHARED_ATTACK_KEYS = SHARED   # every attack takes them (fdg_audit.vocab.AttackParams)
 
 
 def expand_attacks(entries: list) -> list:

@@ -143,19 +143,26 @@ class FedDGClient(FedAvgClient):
         return Reply("amplitude_bank", {"amp": amp.contiguous()})
 
     def on_bank_relay(self, msg):
-        """Keep the other clients' central windows, concatenated, with each source's row range."""
+        """Keep the other clients' central windows (``set_bank``)."""
         if not msg.arrays:
             raise UserError("feddg needs at least two source clients to exchange amplitudes: add a domain")
+        self.set_bank([msg.arrays[key] for key in sorted(msg.arrays)])
+        return None
+
+    def set_bank(self, sources: list) -> None:
+        """The hook a subclass that shares something else calls: ``sources`` holds one tensor of amplitude spectra
+        (R, C, H, W), unshifted as ``amplitude`` gives them, or already central (R, C, 2b+1, 2b+1) windows, per
+        other client. It sets the state ``transform`` draws from: ``b`` (half window), ``windows`` (all rows,
+        concatenated), ``counts`` and ``offsets`` (each source's row range); a source is drawn uniformly, then one
+        of its rows."""
         h, w = self.train.x.shape[-2:]
         self.b = half_window(self.params, h, w)
-        wins = []
-        for key in sorted(msg.arrays):
-            a = msg.arrays[key]
-            wins.append(a if a.shape[-1] == 2 * self.b + 1 else central(a, self.b))
+        wins = [a if a.shape[-1] == 2 * self.b + 1 else central(a, self.b) for a in sources]
+        if not wins or any(len(a) == 0 for a in wins):
+            raise UserError(f"{type(self).__name__}.set_bank: give at least one non-empty tensor of spectra per source")
         counts = torch.tensor([len(a) for a in wins], device=self.device)
         self.windows = torch.cat(wins).to(self.device, torch.float32)
         self.counts, self.offsets = counts, torch.cumsum(counts, 0) - counts
-        return None
 
     def device_gen(self) -> torch.Generator:
         """A generator on the device, seeded from the client's seeded (CPU) generator once per reseed."""
@@ -219,6 +226,8 @@ class FedDGClient(FedAvgClient):
 
 
 class FedDGServer(FedAvgServer):
+    bank_kind = "amplitude_bank"   # the kind the relay is sent as (a subclass sharing another artifact names its own)
+
     def begin(self):
         super().begin()
         banks = self.ask("bank")
@@ -227,7 +236,7 @@ class FedDGServer(FedAvgServer):
             h, w = self.shape[1:3]
             b = half_window(self.params, h, w)
             amps = {o: a if a.shape[-1] == 2 * b + 1 else central(a, b).contiguous() for o, a in amps.items()}
-        self.exchange("bank_relay", "amplitude_bank",
+        self.exchange("bank_relay", self.bank_kind,
                       {c: ({f"{o}/amp": amps[o] for o in self.clients if o != c}, {}) for c in self.clients})
 
 
@@ -239,3 +248,5 @@ class FedDG(MethodPlugin):
     partial_participation = True   # banks are exchanged once (round 0, every client); the rounds are FedAvg's
     kinds = ("n_samples", "amplitude_bank", "weights")
     aggregate_share = staticmethod(uniform_mean)   # FedAvg's server
+    # public frequency tools, for subclasses and attacks (Kerckhoffs): FedDG = fdg_audit.api.load_method("feddg")
+    amplitude, central, mix, half_window = (staticmethod(f) for f in (amplitude, central, mix, half_window))

@@ -40,5 +40,5 @@ class Escape(Attack):
 
     def control(self):
         """Shadow training needs the installed methods inside the sandbox: load one."""
-        from fdg_audit.plugins import load_method
+        from fdg_audit.protocol import load_method
         return [Control("installed_methods_load", "loaded", float(load_method("fedavg").name == "fedavg"), 1.0)]

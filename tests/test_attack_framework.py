@@ -210,11 +210,11 @@ def test_user_errors_are_one_line(root, capsys):
 def test_cli_reruns_attacks_on_a_finished_run(root):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1")
-    (Path(root) / "leakage.csv").unlink()
+    (Path(root) / "leakage.csv").unlink(missing_ok=True)   # the attack writes it anew
     p = subprocess.run([sys.executable, "-m", "fdg_audit", "attack", str(root), "--attacks", f"{HERE}:Spy",
                         "--quiet"], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() == f"leakage: {Path(root) / 'leakage.csv'}"
+    assert p.stdout.strip().startswith(f"leakage: {Path(root) / 'leakage.csv'}; coverage: {Path(root) / 'coverage.csv'}")
     assert {r["victim"] for r in rows(root, attack="spy")} == {"rot15", "rot30", "pooled"}
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import leakage_rows
 from fdg_audit.errors import UserError
 from fdg_audit.store.ledger import Ledger
-from fdg_audit.plugins import load_method
+from fdg_audit.protocol import load_method
 from fdg_audit.privacy import epsilon, new_accountant
 from fdg_audit.privacy.client_dp import UPDATE_KINDS, calibrate, noise
 
@@ -293,7 +293,7 @@ def test_dp_sgd_refused_at_plan_time_naming_client_level_dp(method):
 
 
 def adaptive_filter(sigma, clip=0.1, mode="local", k=50, **adaptive):
-    from fdg_audit.plugins import load_method
+    from fdg_audit.protocol import load_method
     from fdg_audit.privacy.client_dp import ClientDP, ClientDPFilter, check, plan_check
 
     class P:

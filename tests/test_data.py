@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import gzip
 import struct
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_domain_subset_cap_and_errors():
         load_data(DataConfig(dataset="digits", domains=["rot99"]))
     with pytest.raises(UserError, match="nope"):
         ds.domain("nope")
-    with pytest.raises(UserError, match="mnist, digits, folder, idx"):
+    with pytest.raises(UserError, match="digits, folder, idx, mnist"):
         load_data(DataConfig(dataset="emnist"))
     with pytest.raises(UserError, match="rotated, appearance"):
         load_data(DataConfig(dataset="digits", family="colour"))
@@ -268,3 +269,56 @@ def test_client_sizes_give_each_client_exactly_its_size():
             load_data(dataclasses.replace(cfg, client_sizes=bad))
     with pytest.raises(UserError, match="drop data.clients_per_domain"):
         load_data(dataclasses.replace(cfg, clients_per_domain=3))
+
+
+EXT_DATASET = '''"""An outside data set (tests/test_data.py): three domains of bar images, two classes (horizontal or vertical bar),
+each domain its own brightness."""
+import numpy as np
+import torch
+
+from fdg_audit.data.base import DomainSet, select_domains, split_domain
+
+DOMAINS = {"dim": 0.4, "mid": 0.7, "bright": 1.0}
+
+
+def domain_names(cfg):
+    return list(DOMAINS)
+
+
+def load(cfg):
+    out = []
+    for i, name in enumerate(select_domains(cfg, list(DOMAINS), "bars")):
+        rng = np.random.default_rng([cfg.split_seed, i])
+        n = cfg.per_domain or 40
+        y = rng.integers(0, 2, n)
+        x = torch.zeros(n, 1, 28, 28)
+        for k, (c, at) in enumerate(zip(y, rng.integers(4, 24, n))):
+            if c:
+                x[k, 0, :, at - 2:at + 2] = DOMAINS[name]
+            else:
+                x[k, 0, at - 2:at + 2, :] = DOMAINS[name]
+        out.append(split_domain(name, x, y.astype(np.int64), np.arange(n) + 1000 * i, cfg.val_fraction, [cfg.split_seed, i]))
+    return DomainSet("bars", out, 2, 1, 28)
+'''
+
+
+def test_an_outside_data_set_runs_in_a_scenario(tmp_path, monkeypatch, run_toml):
+    """A data set installed from outside (one module and one entry-point line in its own distribution, here a
+    temporary folder on sys.path): listed by the registry, loaded by name, and a scenario trains on it, with no core
+    file touched. An unregistered name is refused with the registered ones listed."""
+    from conftest import tiny_scenario
+    from fdg_audit.data import available
+    site = tmp_path / "site"
+    (site / "bars_ext-0.1.dist-info").mkdir(parents=True)
+    (site / "bars_ext.py").write_text(EXT_DATASET)
+    (site / "bars_ext-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: bars_ext\nVersion: 0.1\n")
+    (site / "bars_ext-0.1.dist-info" / "entry_points.txt").write_text("[fdg_audit.datasets]\nbars = bars_ext\n")
+    with pytest.raises(UserError, match="unknown data.dataset 'bars'.*digits, folder, idx, mnist"):
+        load_data(DataConfig(dataset="bars"))
+    monkeypatch.syspath_prepend(str(site))
+    assert available()["bars"] == "bars_ext"
+    ds = load_data(DataConfig(dataset="bars", public="bright"))
+    assert ds.names == ["dim", "mid"] and ds.public_name == "bright" and ds.num_classes == 2
+    root = run_toml(tiny_scenario(data=dict(dataset="bars", family=None, domains=None, targets=["dim"])))
+    runs = json.loads((root / "summary.json").read_text())["runs"]
+    assert [(r["run"], r["status"]) for r in runs] == [("bars/fedavg/dim/s0", "ok")]

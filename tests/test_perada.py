@@ -15,7 +15,7 @@ from fdg_audit.train.federation import RunSpec, pretrain_public, run_federation
 from fdg_audit.store.ledger import MemoryLedger
 from fdg_audit.metrics import auc
 from fdg_audit.models import ModelConfig
-from fdg_audit.plugins import load_method
+from fdg_audit.protocol import load_method
 from fdg_audit.privacy import privacy_config
 from fdg_audit.audit.scoring import build_aux
 from methods.perada import PerAdaServer, shared_keys

@@ -12,7 +12,7 @@ from fdg_audit.data import DataConfig, Domain, Split, load_data
 from fdg_audit.errors import UserError
 from fdg_audit.store.ledger import MemoryLedger
 from fdg_audit.models import ModelConfig
-from fdg_audit.plugins import load_method
+from fdg_audit.protocol import load_method
 from fdg_audit.seeding import run_seq
 from methods.fedavg import FedAvg, Params
 

@@ -208,7 +208,8 @@ def test_attacks_all_selects_exactly_the_attacks_whose_consumes_meet_the_ledger(
         want = set()
         for c in cfgs:
             atk = load_attack(c["name"])()
-            if set(atk.consumes) & seen[atk.adversary]:
+            kinds = seen[atk.adversary]   # "*": every kind but those it ignores (the generic attack)
+            if (kinds - set(getattr(atk, "ignores", ())) if "*" in atk.consumes else set(atk.consumes) & kinds):
                 want.add(c["label"])
         assert set(labels) == want
         assert "test_scorecard:WeightsProbe" in labels and "test_scorecard:StyleProbe" not in labels
@@ -236,13 +237,19 @@ def test_attacks_all_string_and_bad_keys():
 
 
 def test_attack_randomness_is_salted_by_the_run_seed():
-    """Runs of different seeds draw independent attack randomness; the same run seed gives the same draws."""
+    """Runs of different seeds draw independent attack randomness; the same run seed gives the same draws; the worker
+    (from the job's ``salt``) and an attack built in this process get the same salted Params; controls keep the seed."""
+    from fdg_audit.attack import load_attack
     from fdg_audit.audit.checks import _make
     from fdg_audit.audit.harness import salted
+    from fdg_audit.vocab import attack_params
+    cls = load_attack("amplitude_phase_retrieval")
     _, atk, job = _make({"name": "amplitude_phase_retrieval"}, "cpu")
-    seeds = {salted(atk, job, s)[0].p.seed for s in (0, 1, 2)}
-    assert len(seeds) == 3 and salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[1]["params"]["seed"]
-    assert salted(atk, job, 1)[0].p.seed == salted(atk, job, 1)[0].p.seed and atk.p.seed == 0
+    in_worker = lambda s: attack_params(cls.Params, job["params"], job["label"], salted(atk, job, s)[1]["salt"]).seed  # noqa: E731
+    assert len({in_worker(s) for s in (0, 1, 2)}) == 3 and in_worker(1) == in_worker(1)
+    assert attack_params(cls.Params, job["params"], job["label"]).seed == 0 and "salt" not in job
+    _, local, job = _make({"name": "amplitude_phase_retrieval"}, "cpu", isolate=False)
+    assert salted(local, job, 1)[0].p.seed == in_worker(1) and local.p.seed == 0
 
 
 def test_attack_seed_and_target_filters(tmp_path):

@@ -7,6 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from conftest import tiny_scenario
 from test_trust import copy, one_line_error, root  # noqa: F401  (fixtures: a finished run folder and a copy)
 
 
@@ -251,7 +252,8 @@ def test_a_data_root_that_cannot_be_read_is_one_line(tmp_path, capsys, monkeypat
         return iterdir(self)
     monkeypatch.setattr(Path, "iterdir", denied)
     f = tmp_path / "s.toml"
-    f.write_text(f'name = "t"\n[data]\ndataset = "folder"\nroot = "{tmp_path / "imgs"}"\n[[methods]]\nname = "fedavg"\n')
+    f.write_text(tiny_scenario(data=dict(dataset="folder", root=str(tmp_path / "imgs"), family=None, domains=None,
+                                         per_domain=None, targets=None)))
     assert main(["scenario", str(f), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot read {locked} (Permission denied)" in err and "Traceback" not in err, err

@@ -1,20 +1,10 @@
 """Bad input is one line (UserError, exit code 2) before any work, and leaves no run folder behind."""
 import pytest
 
+from conftest import tiny_scenario
 from fdg_audit.errors import UserError
 
-BASE = """
-name = "t"
-[data]
-dataset = "digits"
-per_domain = 30
-domains = ["rot0", "rot15", "rot30"]
-targets = ["rot0"]
-[train]
-rounds = 1
-[[methods]]
-name = "fedavg"
-"""
+BASE = tiny_scenario(data=dict(per_domain=30))   # tests/conftest.py
 
 BAD = {
     "seeds=[-1]": "seeds are integers from 0",
@@ -69,7 +59,7 @@ def test_a_one_class_data_set_is_refused(run_toml, tmp_path):
         (root / dom / "only").mkdir(parents=True)
         for k in range(6):
             Image.fromarray(np.full((8, 8, 3), 40 * k, np.uint8)).save(root / dom / "only" / f"{k}.png")
-    text = BASE.replace('dataset = "digits"', f'dataset = "folder"\nroot = "{root}"\nimage_size = 8').replace(
-        'domains = ["rot0", "rot15", "rot30"]', 'domains = ["a", "b", "c"]').replace('targets = ["rot0"]', 'targets = ["a"]')
+    text = tiny_scenario(data=dict(dataset="folder", root=str(root), image_size=8, family=None, per_domain=30,
+                                   domains=["a", "b", "c"], targets=["a"]))
     with pytest.raises(UserError, match="at least 2 classes"):
         run_toml(text)

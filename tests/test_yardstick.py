@@ -8,7 +8,8 @@ from fdg_audit import metrics as M
 from fdg_audit.api.attack import Aux, Reconstruction
 from fdg_audit.data import DataConfig, load_data
 from fdg_audit.scenario import load_raw, plan
-from fdg_audit.audit.scoring import N_DISTRACTORS, Truth, score_reconstruction
+from fdg_audit.audit import scoring
+from fdg_audit.audit.scoring import N_DISTRACTORS, RENDERED_ID, Truth, score_reconstruction
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_reid_calibration_noisy_copy_at_22db_is_found_and_the_mean_image_is_not(
     reid = _row(got, "reid")
     assert reid["value"] >= 0.95 and reid["baseline"] == pytest.approx(1 / (1 + N_DISTRACTORS))
     assert reid["n_distractors"] == N_DISTRACTORS
-    mean = truth.public_images(["rot0", "rot15"]).mean(0, keepdim=True).expand_as(x).contiguous()
+    mean = truth.public_images(["rot0", "rot15"])[0].mean(0, keepdim=True).expand_as(x).contiguous()
     got_m, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, mean, rows=rows), truth, {}, _aux(truth))
     assert _row(got_m, "reid")["value"] <= 0.1
     # the mean image is one of the baselines: its PSNR is the baseline's (the flat image may be better)
@@ -59,7 +60,7 @@ def test_a_dim_copy_is_the_victims_image_and_a_blank_is_nobodys(truth):
     d = truth.data.domain("rot0")
     rows = np.arange(40)
     x = d.train.x[rows]
-    dis, _ = truth.distractors(d.train.idx[rows], d.train.y[rows].numpy(), ["rot0"] * 40, d.train.idx, N_DISTRACTORS)
+    dis, _, _ = truth.distractors(d.train.idx[rows], d.train.y[rows].numpy(), ["rot0"] * 40, d.train.idx, N_DISTRACTORS)
     assert M.reidentified(0.35 * x, x, dis).float().mean() >= 0.95
     B, D = dis.shape[:2]
     cand = torch.cat([x[:, None], dis], 1).flatten(0, 1)
@@ -73,21 +74,28 @@ def test_a_dim_copy_is_the_victims_image_and_a_blank_is_nobodys(truth):
 
 
 def test_distractors_are_of_the_victims_domain_not_held_by_it_and_same_class_first(truth):
+    """A victim holding its whole domain's training split leaves 100 free images of it (its val split): the pool is
+    topped up with images rendered by the domain's recipe from digits no domain of the run uses, so every image
+    meets 99 distractors of its own class, none of which the victim held."""
     d = truth.data.domain("rot15")
     idx, y = d.train.idx[:5], d.train.y[:5].numpy()
     held = d.train.idx
-    dis, n = truth.distractors(idx, y, ["rot15"] * 5, held, 99)
-    assert dis.shape[:2] == (5, 99) and (n == 99).all()
-    pool_x, pool_y, pool_ids = truth.pool["rot15"]
-    free = ~np.isin(pool_ids, held)
-    assert free.sum() >= 99   # every distractor is one of the domain's images the victim did not hold
-    flat = pool_x.flatten(1)
+    dis, n, same = truth.distractors(idx, y, ["rot15"] * 5, held, 99)
+    assert dis.shape[:2] == (5, 99) and (n == 99).all() and (same == 99).all()
+    px, py, pids = truth.pool["rot15"]
+    ex, ey, eids = truth.extra["rot15"]
+    free = ~np.isin(pids, held)
+    assert int((py[free].numpy() == y[0]).sum()) < 99              # the run's own free images are too few
+    used = np.concatenate([np.concatenate([c.train.idx, c.val.idx]) for c in truth.data.domains])
+    assert not np.isin((np.asarray(eids) - RENDERED_ID) % 5000, used).any()   # digits no domain of the run uses
+    cand_x, cand_y = torch.cat([px[free], ex]), torch.cat([py[free], ey])
+    flat = cand_x.flatten(1)
     for b in range(5):
-        pos = [int(torch.cdist(dis[b, k].flatten()[None], flat).argmin()) for k in range(0, 99, 7)]
-        assert free[pos].all()
-        same = int((pool_y[free].numpy() == y[b]).sum())
-        first = [int(torch.cdist(dis[b, k].flatten()[None], flat).argmin()) for k in range(min(same, 99))]
-        assert (pool_y[first].numpy() == y[b]).all()
+        pos = torch.cdist(dis[b].flatten(1), flat).argmin(1)
+        assert torch.allclose(flat[pos], dis[b].flatten(1))          # each one is a free or rendered image ...
+        assert (cand_y[pos].numpy() == y[b]).all()                   # ... of the victim's class
+    # the rendered images are of the domain: rotated by its angle (the digit's mass sits where rot15's does)
+    assert torch.allclose(ex.mean(0), px.mean(0), atol=0.08)
 
 
 def test_one_scorer_same_pair_same_number_whatever_the_attack(truth):
@@ -125,7 +133,7 @@ def test_unordered_guesses_matched_among_many_images_hit_at_their_baseline_not_a
             own, guess = ids0[perm[:64]], perm[64:68]
             keep = np.setdiff1d(np.arange(len(ids0)), guess)
             truth.pool["rot0"] = (x0[keep], y0[keep], ids0[keep])     # the guesses are no candidate
-            truth.by_idx = {int(g): (n, i) for n, (_, _, ii) in truth.pool.items() for i, g in enumerate(ii)}
+            truth.by_idx = {int(g): ("pool", n, i) for n, (_, _, ii) in truth.pool.items() for i, g in enumerate(ii)}
             truth.record = lambda v, n, own=own: {"idx": own}
             got, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, x0[guess], rows=None), truth, {},
                                           _aux(truth))
@@ -198,3 +206,63 @@ def test_score_dispatches_on_the_output_class_through_one_table(monkeypatch):
     assert base[0]["metric"] == "auc" and base[0]["value"] == 1.0
     with pytest.raises(TypeError, match="Reconstruction, Scores, Predictions, Estimate, Audit, Count"):
         scoring.score("junk", None, {}, None)
+
+
+def test_free_guess_is_scored_like_the_attack_and_is_the_reid_baseline(truth):
+    """The weights' free guess is the public class mean of the inferred label: sent as an attack's output it scores
+    exactly its own baseline (the same matching, distractors and rule), and the reid baseline is never below
+    chance. Four outputs for a one-image victim get the matched chance of 4 guesses (not 1/(1 + D))."""
+    d = truth.data.domain("rot0")
+    px, py = truth.public_images(["rot0", "rot15"])
+    record = truth.record
+    try:
+        for i in range(6):
+            truth.record = lambda v, n, i=i: {"idx": d.train.idx[i:i + 1]}
+            c = int(d.train.y[i])
+            mean = px[py == c].mean(0, keepdim=True)
+            got, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, mean, labels=[c]), truth, {},
+                                          _aux(truth))
+            reid, free = _row(got, "reid"), _row(got, "reid_free")
+            assert reid["free_guess"] == scoring.GUESS_CLASS_MEAN
+            assert reid["value"] == free["value"]                       # the guess itself scores its baseline
+            assert reid["baseline"] == max(reid["chance"], free["value"])
+            assert reid["chance"] == pytest.approx(1 / (1 + N_DISTRACTORS)) and reid["n_same_class"] == N_DISTRACTORS
+        four = torch.rand(4, *d.train.x.shape[1:], generator=torch.Generator().manual_seed(0))
+        got, _ = score_reconstruction(Reconstruction("rot0", "weights", 1, four, labels=[0, 1, 2, 3]), truth, {},
+                                      _aux(truth))
+        assert _row(got, "reid")["chance"] > 1.5 / (1 + N_DISTRACTORS)    # best of 4 guesses for one image
+    finally:
+        truth.record = record
+
+
+def test_bank_free_guess_is_the_true_amplitude_and_noise_with_its_spectrum_is_not_legible(truth):
+    """A bank output's free guesses keep the true amplitude (random phase; a public class mean's phase): the
+    stronger is named and is the reid baseline; with a random phase the image correlates little with its true
+    image (textured noise with its spectrum), so it is not legible, while a dimmed shifted copy of the true image
+    is. (On empty-background digits a class mean's phase can give a legible guess: that is what it is for.)"""
+    from fdg_audit import records
+    d = truth.data.domain("rot0")
+    rows = np.arange(12)
+    x = d.train.x[rows]
+    record = truth.record
+    try:
+        truth.record = lambda v, n: {"idx": d.train.idx}
+        pub = truth.public_images(["rot0", "rot15"])
+        out = Reconstruction("rot0", "amplitude_bank", 0, torch.roll(x, (2, 1), (-2, -1)) * 0.7, truth=records.AMP,
+                             rows=rows, aligned=True)
+        got, _ = score_reconstruction(out, truth, {}, _aux(truth))
+        reid, leg, free = _row(got, "reid"), _row(got, "legible"), _row(got, "reid_free")
+        assert reid["free_guess"] in (scoring.GUESS_RANDOM_PHASE, scoring.GUESS_MEAN_PHASE)
+        assert reid["value"] == 1.0 and leg["value"] == 1.0
+        assert reid["baseline"] == max(reid["chance"], free["value"])
+        guesses = scoring.free_guesses(out, x, pub, 10, d.train.idx[rows])
+        assert all(g.shape == x.shape for g in guesses.values())
+        rnd = guesses[scoring.GUESS_RANDOM_PHASE]   # the amplitude is the true one (up to the [0, 1] clamp) ...
+        assert float(M.aligned_corr(rnd, x).mean()) < 0.5                  # ... the image is not legible
+        amp_err = (torch.fft.fft2(rnd).abs() - torch.fft.fft2(x).abs()).abs().mean() / torch.fft.fft2(x).abs().mean()
+        assert float(amp_err) < 0.5
+        got, _ = score_reconstruction(Reconstruction("rot0", "amplitude_bank", 0, rnd, truth=records.AMP, rows=rows,
+                                                     aligned=True), truth, {}, _aux(truth))
+        assert _row(got, "legible")["value"] <= 0.25   # rarely: a sparse digit's blob can correlate
+    finally:
+        truth.record = record

@@ -11,4 +11,4 @@ from ..data import DataConfig, Split, load_data  # noqa: F401
 from ..data.digits import place, rotate  # noqa: F401
 from ..errors import UserError  # noqa: F401
 from ..models import ModelConfig, Net, build_model  # noqa: F401
-from ..plugins import load_method  # noqa: F401
+from ..protocol import load_method  # noqa: F401

@@ -6,4 +6,10 @@ from __future__ import annotations
 from ..attack import (ADVERSARIES, AUX, CAPABILITIES, IMPLIED, ORACLE, PRIORS, AdversaryView, Attack,  # noqa: F401
                       AttackParams, Audit, Aux, Control, Estimate, Merged, Message, Predictions, Reconstruction,
                       Scores, Skipped, load_attack, merged_states, sample_victims, view_envelopes)
-from ..audit.shadow import federate  # noqa: F401
+
+
+def federate(*args, **kwargs) -> AdversaryView:
+    """A shadow run (``fdg_audit.audit.shadow.federate``, same arguments): the training engine it runs on is
+    imported on the first call, so an attack that trains no shadow federation does not load it."""
+    from ..audit.shadow import federate as shadow_run
+    return shadow_run(*args, **kwargs)

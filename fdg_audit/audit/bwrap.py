@@ -1,7 +1,7 @@
 """The bubblewrap command of an attack worker (``bwrap_argv``) and whether bubblewrap works here.
 
 The OS sandbox's rules are in fdg_audit/audit/sandbox.py's module docstring; the worker that runs inside is
-fdg_audit/audit/worker.py, the warm sandbox's server fdg_audit/audit/serve.py.
+fdg_audit/audit/worker.py, the sandbox's entry point fdg_audit/audit/serve.py.
 """
 from __future__ import annotations
 
@@ -111,11 +111,10 @@ def exposable(d: str) -> bool:
 
 
 
-def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None = None,
-               entry: str = "worker._main") -> list[str]:
-    """The command that runs the attack worker (fdg_audit.audit.worker) on ``folder`` under bubblewrap (see
-    fdg_audit/audit/sandbox.py); ``entry`` "serve._serve": a warm sandbox that runs one job per line it reads
-    (``WarmSandbox``)."""
+def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None, channel: int) -> list[str]:
+    """The command that runs one attack job (fdg_audit.audit.serve, then .worker) on ``folder`` under bubblewrap (see
+    fdg_audit/audit/sandbox.py) once the harness writes "go <nonce>" to the pipe ``channel`` (``Sandbox``). /tmp
+    and /dev/shm are private tmpfs mounts of at most a quarter of ``memory_gb`` each; the root and /dev read-only."""
     top = lambda path: path.partition(":")[0].split(".")[0]  # noqa: E731
     tops = ["fdg_audit"] + [top(v) for kind in ("attack", "method") for v in available(kind).values()]
     named = [top(n) for n in (spec["attack"], spec.get("run", {}).get("plugin", "")) if ":" in n]   # named by path
@@ -127,8 +126,10 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None = None,
     ro |= {d for d in src if exposable(d)}
     for path in (paths["attack"], paths["method"]):   # a plugin named by path: its Python files, nothing else
         ro |= {f for d in _sources(tuple(named), tuple(path)) - src for f in _py_files(d)}
+    tmpfs = str(max(1 << 20, int(float(spec["memory_gb"]) * 2 ** 28)))   # bytes: a quarter each
     argv = [shutil.which("bwrap"), *bwrap_flags(), "--die-with-parent", "--new-session", "--clearenv",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]   # first: plugin sources under /tmp bind inside
+            "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", tmpfs, "--tmpfs", "/dev/shm",
+            "--size", tmpfs, "--tmpfs", "/tmp"]   # first: plugin sources under /tmp bind inside
     for d in sorted(ro, key=len):   # parents first: a child bind lands inside its parent's
         if Path(d).exists():
             argv += ["--ro-bind", d, d]
@@ -140,7 +141,8 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None = None,
     for k, v in clean_env().items():
         argv += ["--setenv", k, v]
     argv += ["--setenv", "PYTHONSAFEPATH", "1", "--setenv", "HOME", str(folder)]
+    argv += ["--remount-ro", "/"]   # after every mount point was made: nothing to write outside the mounts
     root = str(Path(__file__).resolve().parents[2])   # this fdg_audit's folder (also when PYTHONPATH chose it)
-    module, _, func = entry.partition(".")
     return argv + [sys.executable, "-P", "-c", "import sys; sys.path.insert(0, sys.argv[2]); "
-                   f"from fdg_audit.audit.{module} import {func}; {func}(sys.argv[1])", str(folder), root]
+                   "from fdg_audit.audit.serve import _serve; _serve(sys.argv[1], int(sys.argv[3]))", str(folder),
+                   root, str(channel)]

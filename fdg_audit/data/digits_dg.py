@@ -34,7 +34,6 @@ from PIL import Image, ImageDraw, ImageFont
 
 from .base import DataConfig, DomainSet, select_domains, split_domain
 from .digits import partition
-from .mnist import read_mnist_5k
 from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
@@ -155,15 +154,16 @@ def blur(x: torch.Tensor, sigma: np.ndarray) -> torch.Tensor:
     return F.conv2d(y, k.view(-1, 1, 7, 1), groups=n * ch).view(n, ch, h, w)
 
 
-def load_digits_dg(cfg: DataConfig) -> DomainSet:
-    """The digits_dg DomainSet (see the module doc): disjoint MNIST rows per domain, fixed by cfg.split_seed."""
+def load_digits_dg(cfg: DataConfig, read_mnist) -> DomainSet:
+    """The digits_dg DomainSet (see the module doc): disjoint MNIST rows per domain, fixed by cfg.split_seed.
+    ``read_mnist() -> (images, labels)``: the MNIST digits (fdg_audit/data/mnist.py, which registers this family)."""
     if cfg.protocol != "disjoint":
         raise UserError("family digits_dg gives each domain its own digits: use data.protocol = \"disjoint\"")
     if "svhn" in cfg.domains or cfg.public == "svhn":
         raise UserError("family digits_dg has no svhn domain (SVHN has no offline source): drop it, or load a copy "
                         "as data.dataset = \"folder\" (root/<domain>/<class>/<image>)")
     wanted = select_domains(cfg, list(DOMAINS), "mnist/digits_dg")
-    images, labels = read_mnist_5k()
+    images, labels = read_mnist()
     chunks = partition(len(labels), len(DOMAINS), cfg.split_seed, cfg.per_domain)
     domains = []
     for name in wanted:

@@ -90,3 +90,11 @@ def load_folder_domains(cfg: DataConfig) -> DomainSet:
         y = np.array([label[entries[j][1]] for j in pick], dtype=np.int64)
         domains.append(split_domain(name, x, y, start[i] + pick, cfg.val_fraction, [cfg.split_seed, 1000 + i]))
     return DomainSet(root.name, domains, len(classes), 3, cfg.image_size)
+
+
+def domain_names(cfg: DataConfig) -> list[str] | None:
+    """The domain folders under cfg.root (data set registry: fdg_audit/data/registry.py)."""
+    return scan(Path(cfg.root).expanduser())[0] if cfg.root else None
+
+
+load = load_folder_domains   # the data set "folder" (registered in pyproject.toml)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .base import FASHION_MNIST_ROOT, DataConfig, DomainSet, select_domains, split_domain
-from .digits import FAMILIES, ROTATED, appearance, domain_rows, rotate
+from .digits import FAMILIES, ROTATED, appearance, domain_names, domain_rows, not_digits_dg, rotate  # noqa: F401
 from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
@@ -89,3 +89,9 @@ def load_idx_domains(cfg: DataConfig) -> DomainSet:
         domains.append(split_domain(name, x, labels[rows], ids, cfg.val_fraction, [cfg.split_seed, i]))
     return DomainSet(f"{root.name}-{cfg.family}", domains, int(labels.max()) + 1,
                      1 if cfg.family == "rotated" else 3, int(images.shape[1]))
+
+
+def load(cfg: DataConfig) -> DomainSet:
+    """The data set "idx" (registered in pyproject.toml; ``domain_names`` as digits')."""
+    not_digits_dg(cfg)
+    return load_idx_domains(cfg)

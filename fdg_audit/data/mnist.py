@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from .base import DataConfig, DomainSet, select_domains, split_domain
-from .digits import APPEARANCE, FAMILIES, ROTATED, appearance, domain_rows, rotate
+from .digits import APPEARANCE, FAMILIES, ROTATED, appearance, domain_names, domain_rows, rotate  # noqa: F401
+from .digits_dg import load_digits_dg
 from fdg_audit import seeding
 from fdg_audit.errors import UserError
 
@@ -77,4 +78,10 @@ def load_mnist_domains(cfg: DataConfig) -> DomainSet:
     return DomainSet(f"mnist-{cfg.family}", domains, 10, 1 if cfg.family == "rotated" else 3, 28)
 
 
-__all__ = ["load_mnist_domains", "read_mnist_5k", "mnist_file", "APPEARANCE"]
+def load(cfg: DataConfig) -> DomainSet:
+    """The data set "mnist" (registered in pyproject.toml): families rotated and appearance, and digits_dg
+    (fdg_audit/data/digits_dg.py); ``domain_names`` as digits'."""
+    return load_digits_dg(cfg, read_mnist_5k) if cfg.family == "digits_dg" else load_mnist_domains(cfg)
+
+
+__all__ = ["load", "load_mnist_domains", "read_mnist_5k", "mnist_file", "APPEARANCE"]

@@ -1,4 +1,4 @@
-"""Every metric the scorer emits (fdg_audit.scoring.score, fdg_audit.privacy.audit.audit_rows), in one place.
+"""Every metric the scorer emits (fdg_audit.audit.scoring.score, fdg_audit.privacy.audit.audit_rows), in one place.
 
 One line per metric: its unit, its direction (``higher``: a larger value is a stronger attack; False for error
 metrics), its range ``[lo, hi]`` (intervals are cut to it; PSNR is capped at ``PSNR_CAP_DB``), the harm it measures
@@ -33,9 +33,19 @@ class Metric:
 INF = math.inf
 _ROWS = [  # name, unit, higher, lo, hi, harm, label, text, card, per_victim
     ("reid", "fraction", True, 0.0, 1.0, "reconstruction", "re-identified",
-     "fraction of reconstructions that pick their true image out of it and 99 same-domain images the victim did not "
-     "hold (nearest neighbour, aligned, each channel standardised); baseline: chance (1/100, or for unordered reconstructions matched among a "
-     "victim's N images the hit rate of free guesses sent through the same matching)", True, False),
+     "linkable: fraction of reconstructions that pick their true image out of it and 99 same-domain images the "
+     "victim did not hold, of its class first (nearest neighbour, aligned, each channel standardised); baseline: the "
+     "strongest guess an attacker has for free (free_guess: the public class mean of the inferred label; for the "
+     "bank the true amplitude with a random or public class-mean phase), scored the same way, never below chance "
+     "(1/(1 + D), or for k outputs matched among a victim's N images the hit rate of free guesses sent through the "
+     "same matching)", True, False),
+    ("reid_free", "fraction", True, 0.0, 1.0, "reconstruction", "free guess re-identified",
+     "the strongest free guess's re-identification against chance: above chance, the artifact links an image "
+     "without any attack (the bank's amplitude is a fingerprint)", False, False),
+    ("legible", "fraction", True, 0.0, 1.0, "reconstruction", "legible",
+     "fraction of reconstructions with an aligned correlation of at least 0.6 with the true image (textured noise "
+     "that wins re-identification by a hair is not legible; checked against a labelled set in "
+     "tests/test_legible.py); baseline: the free guess's legibility", False, False),
     ("psnr", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "recon PSNR dB",
      "mean PSNR of the aligned reconstructions against the true images", False, False),
     ("psnr_plain", "dB", True, 0.0, PSNR_CAP_DB, "reconstruction", "plain PSNR dB",

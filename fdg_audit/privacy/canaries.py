@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .. import records, seeding
-from ..data import Split
+from ..data.base import Split
 
 CANARY_STREAM = 0x0CA7   # spawn key of the client's private coin flips
 

@@ -3,7 +3,7 @@
 scenario prints at the end. The scorecard's definitions (held-out selection, intervals, paired differences) are in
 ``scorecard``; the verdict in words is ``verdict``; bytes on the bus are ``traffic``.
 
-Inputs: the run folders' files as fdg_audit.runfolder reads them (summary.json, messages.jsonl, and when present
+Inputs: the run folders' files as fdg_audit.store.runfolder reads them (summary.json, messages.jsonl, and when present
 leakage.csv, controls.json, attacks.json, privacy.csv, per-item values, membership scores and reconstruction grids).
 Absent inputs skip their section. Definitions (groups, mean ± std, "strongest", ε per run) are in ``tables``;
 metric units, directions, ranges and harms in fdg_audit/metrics/registry.py.
@@ -75,7 +75,7 @@ def _accuracy_md(res, acc, files) -> list[str]:
     ref = res.published.get("values", {})
     md = ["## Held-out accuracy", "",
           "Accuracy on the held-out (unseen) domain at the round selected on the pooled source-validation "
-          "splits (the earliest round within one standard error of the best; fdg_audit.federation.select_round). "
+          "splits (the earliest round within one standard error of the best; fdg_audit.train.federation.select_round). "
           "Per target: mean ± sample std over seeds; mean over targets: per seed the mean over targets, then mean ± "
           "std over seeds; [95% CI]: Student-t over the runs, stratified by target, with n runs. converged: runs "
           "whose selected round is before the last 10% of their rounds (a late selected round means still "
@@ -227,7 +227,7 @@ def _csv(path: Path, fields: list[str], rows: list[dict]) -> None:
     w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     w.writerows(rows)
-    atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue(), path.parent)
 
 
 def _runs_md(res, run_dirs, runs_md) -> list[str]:
@@ -304,6 +304,6 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     body += _figures_md(roc_files, rec_files)
     md = [f"# fdg_audit report: {md_text(', '.join(dict.fromkeys(res.scenarios)), 200)}", "", _toc(body), ""] + body
     path = out / "report.md"
-    atomic_write(path, "\n".join(md))
+    atomic_write(path, "\n".join(md), out)
     write_html(md, out)
     return path

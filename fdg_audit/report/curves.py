@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..attack import ORACLE
+from ..vocab import ORACLE
 from ..metrics import stats as S
 from ..metrics.image import PSNR_CAP_DB
 from ..metrics.registry import card_metrics, info

@@ -14,11 +14,13 @@ is drawn at the right of the finite values, on a log axis, and marked so.
 """
 from __future__ import annotations
 
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
 
 from ..metrics.registry import HARMS
+from ..store.safe import write_in
 from .formatting import num, slug
 from .select import per_channel
 from .formatting import gkey
@@ -67,7 +69,7 @@ def lines_of(runs: list[dict]) -> dict:
     return {g: [name] if mech or audit else sorted(dp[base]) or [name] for g, (base, name, mech, audit) in rec.items()}
 
 
-def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite: list, baseline=()) -> None:
+def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite: list, baseline=()) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -95,9 +97,10 @@ def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=110, format="png")
     plt.close(fig)
+    return write_in(path.parents[1], path, buf.getvalue()).name   # inside the report folder (fdg_audit.store.safe)
 
 
 def stream_shares(privacy_rows: list[dict]) -> list[dict]:
@@ -171,8 +174,8 @@ def dp_section(scorecard_rows: list[dict], runs: list[dict], privacy_rows: list[
         name = slug(f"dp_{ds}_{harm}_{adv}_{metric}")
         inf_x = max(finite) * 4
         title = f"{ds} · {harm}" + (f" ({adv})" if adv else "") + f" · {metric}"
-        _plot(plots_dir / f"{name}.png", title, metric, lines, inf_x, finite, bases[(ds, harm, adv, metric)])
-        out += [f"![{title}]({plots_dir.name}/{name}.png)", ""]
+        name = _plot(plots_dir / f"{name}.png", title, metric, lines, inf_x, finite, bases[(ds, harm, adv, metric)])
+        out += [f"![{title}]({plots_dir.name}/{name})", ""]
     shares = stream_shares(privacy_rows)
     if shares:
         out += ["Where mechanisms compose, each stream's ε alone next to the composed total (final round, max over "

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from ..store.ledger import atomic_write
+from ..store.safe import read_in
 
 _INLINE = re.compile(r"\\(.)|\*\*(.+?)\*\*|`([^`]*)`|\[([^\]\\]+)\]\((#[-\w]+)\)")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\((plots/[^)\s]+)\)")
@@ -75,10 +76,10 @@ def _cells(line: str) -> list[str]:
 
 
 def _image(alt: str, src: str, root: Path) -> str:
-    f = root / src
-    if not f.is_file():
+    raw = read_in(root, root / src) if src and not Path(src).is_absolute() and ".." not in Path(src).parts else None
+    if raw is None:
         return f"<p>[missing figure: {html.escape(src)}]</p>"
-    data = base64.b64encode(f.read_bytes()).decode()
+    data = base64.b64encode(raw).decode()
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
@@ -143,5 +144,5 @@ def render(md: list[str], root: Path) -> str:
 def write_html(md: list[str], out: Path) -> Path:
     """Write ``out/report.html`` from report.md's lines (images read from ``out/plots``)."""
     path = Path(out) / "report.html"
-    atomic_write(path, render(md, Path(out)))
+    atomic_write(path, render(md, Path(out)), Path(out))
     return path

@@ -2,6 +2,7 @@
 their file names; every figure states its units, the number of seeds and what the baseline is."""
 from __future__ import annotations
 
+import io
 import math
 import warnings
 from collections import defaultdict
@@ -14,7 +15,9 @@ from matplotlib.figure import Figure
 
 from .. import metrics as M
 from ..metrics.registry import info
+from ..store.ledger import load_npz
 from ..store.runfolder import victim_tag
+from ..store.safe import write_in
 from . import tables as T
 from .curves import domain_of
 from .formatting import ARROW, human_bytes, slug
@@ -29,11 +32,12 @@ def _fig(w, h):
 
 
 def _save(fig, out: Path, name: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the figure as ``out/name`` inside the report folder (fdg_audit.store.safe); the name written."""
+    buf = io.BytesIO()
     with warnings.catch_warnings():     # tall grids of tiny panels: matplotlib falls back to its default layout
         warnings.filterwarnings("ignore", message="constrained_layout not applied")
-        fig.savefig(out / name, bbox_inches="tight")
-    return name
+        fig.savefig(buf, bbox_inches="tight", format="png")
+    return write_in(out.parent, out / name, buf.getvalue()).name
 
 
 def colors(res: T.Results) -> dict:
@@ -305,8 +309,8 @@ def recon(res: T.Results, out: Path, n: int = 8) -> list[str]:
             continue
         blocks = []
         for (g, var, *_), m in pick.items():
-            with np.load(m["path"]) as z:
-                blocks.append((g, var, m, z["truth"][:n], z["recon"][:n], z["baseline"][:n]))
+            z = load_npz(m["path"], m["root"])
+            blocks.append((g, var, m, z["truth"][:n], z["recon"][:n], z["baseline"][:n]))
         for k in range(0, len(blocks), PER_PAGE):   # pages of PER_PAGE blocks: each PNG at most ~1,300 px a side
             page = f"_p{k // PER_PAGE + 1}" if k else ""
             files.append(_recon_page(res, attack, blocks[k:k + PER_PAGE], psnr, out, f"recon_{slug(attack)}{page}.png",

@@ -20,7 +20,7 @@ rows.
     within each victim's model) replace its per-victim candidates, so a cell pools victims and runs (cells.py).
   * baseline: the chosen candidate's own trivial attack on the same items (the same victim and the same held-out
     half) where it has per-item values (reconstruction: mean / flat images; dataset size: the attacker's own public
-    set size; domain: the known-victim guess, fdg_audit.scoring.score), else the constant of leakage.csv (0.5 AUC,
+    set size; domain: the known-victim guess, fdg_audit.audit.scoring.score), else the constant of leakage.csv (0.5 AUC,
     chance 1/K), whose interval is that constant.
   * reference, diff_ref: value minus the reference method's value (``reference``: its label; the method is
     summary.json's "reference", from the scenario) for the same dataset, variant, harm, setting and adversary, paired

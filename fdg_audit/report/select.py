@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from .. import seeding
-from ..attack import ORACLE
+from ..vocab import ORACLE
 from ..metrics import membership as MM
 from ..metrics import stats as S
 from ..metrics.registry import harm_of, info
@@ -64,7 +64,7 @@ def _candidates(res: T.Results, final: dict, side: dict) -> dict:
             continue
         outputs = defaultdict(list)
         key = lambda c: (gof[f["run"]], harm_of(c["metric"]), c["role"], c["setting"])  # noqa: E731
-        for r in load_items(f["path"]):
+        for r in load_items(f["path"], f["root"]):
             desc = res.attacks.get(r["attack"], {})
             if r["metric"] in C.COMPANIONS:
                 side[C.side_key(f["run"], r, r["metric"])] = (r["items"], r["base"])

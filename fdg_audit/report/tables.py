@@ -10,7 +10,7 @@ Definitions used everywhere in the report:
     artifacts); then mean ± std over runs (targets x seeds). "Strongest" is the largest value except for
     error metrics (``higher`` in fdg_audit/metrics/registry.py), where the smallest error is the strongest attack;
   * bytes on the bus: ``traffic``.
-Every file of a run folder is read through fdg_audit.runfolder.RunFolder; this module builds no path.
+Every file of a run folder is read through fdg_audit.store.runfolder.RunFolder; this module builds no path.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..store.ledger import Ledger
+from ..store.ledger import Ledger, load_npz
 from ..metrics import membership as MM
 from ..metrics import stats as S
 from ..metrics.registry import stronger
@@ -287,11 +287,11 @@ def membership_scores(res: Results) -> dict:
     for m in res.mia:
         if m["run"] not in gof:
             continue
-        with np.load(m["path"]) as z:
-            if "score" not in z:
-                continue
-            s, y = z["score"].ravel(), z["member"].ravel()
-            victim, variant, rnd = z["victim"].astype(str), z["variant"].astype(str), z["round"]
+        z = load_npz(m["path"], m["root"])
+        if "score" not in z:
+            continue
+        s, y = z["score"].ravel(), z["member"].ravel()
+        victim, variant, rnd = z["victim"].astype(str), z["variant"].astype(str), z["round"]
         for v, var in dict.fromkeys(zip(victim, variant)):
             sel = (victim == v) & (variant == var)
             sel &= rnd == rnd[sel].max()

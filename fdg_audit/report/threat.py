@@ -7,7 +7,7 @@ oracle -> the data set's generator).
 """
 from __future__ import annotations
 
-from ..attack import CAPABILITIES, IMPLIED
+from ..vocab import CAPABILITIES, IMPLIED
 
 AUX_WORDS = {"public": "public target-domain images", "domain_samples": "public samples of each source domain",
              "candidates": "a pool of the victim's members and non-members",

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..bus import Envelope, Payload, decode
 from ..errors import UserError
-import stat
+from .safe import MAX_FILE_BYTES, read_in, write_in
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Envelope)}
 _TYPES = {"run": str, "method": str, "round": int, "phase": str, "seq": int, "sender": str, "receiver": str,
@@ -37,25 +37,26 @@ _TYPES = {"run": str, "method": str, "round": int, "phase": str, "seq": int, "se
           "stored": bool, "prev": str}
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves a half-written file. The temporary name is
-    the writer's own (process id), so two processes writing the same content-addressed payload do not collide."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+def atomic_write(path: Path, data: bytes | str, root: Path | None = None) -> None:
+    """Write via a temporary file of the writer's own and rename, so a crash never leaves a half-written file and two
+    processes writing the same payload do not collide; no link is followed under ``root`` (the run or report folder;
+    default the file's folder) and a link at ``path`` is replaced (fdg_audit.store.safe)."""
+    write_in(Path(path).parent if root is None else root, path, data)
 
 
 def line_hash(line: str | bytes) -> str:
     return hashlib.sha256(line.encode() if isinstance(line, str) else line).hexdigest()
 
 
-def read_json(path: Path, what: str = "file"):
-    """A JSON file of a run folder; a damaged one is a one-line error naming it."""
+def read_json(path: Path, what: str = "file", root: Path | None = None):
+    """A JSON file of a run folder (``root``; default the file's folder) opened as data (fdg_audit.store.safe); a
+    missing or damaged one is a one-line error naming it."""
     path = Path(path)
+    data = read_in(path.parent if root is None else root, path)
+    if data is None:
+        raise UserError(f"{path} is missing: the {what} is damaged; restore it or re-run the scenario")
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({str(e).splitlines()[0]}): the {what} is damaged; restore it "
                         "or re-run the scenario") from None
@@ -66,7 +67,7 @@ def read_secrets(root: Path) -> dict:
     f = Path(root) / "truth" / "secrets.json"
     if not f.exists():
         return {}
-    s = read_json(f, "secret split seeds")
+    s = read_json(f, "secret split seeds", root)
     if not isinstance(s, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                           for v in s.values()):
         raise UserError(f"{f} is not a table of split seeds: the run folder is damaged; re-run the scenario")
@@ -79,7 +80,7 @@ def read_summary(root: Path) -> dict:
     if not f.exists():
         raise UserError(f"{Path(root)} has no summary.json: pass a run folder written by `fdg_audit scenario` "
                         "(runs/<scenario>/<timestamp>)")
-    s = read_json(f, "run folder's summary")
+    s = read_json(f, "run folder's summary", root)
     if not (isinstance(s, dict) and isinstance(s.get("runs"), list) and all(
             isinstance(r, dict) and isinstance(r.get("run"), str) and isinstance(r.get("status"), str)
             for r in s["runs"])):
@@ -99,30 +100,19 @@ def safe_run_id(run: str) -> bool:
 
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
-MAX_FILE_BYTES = 2 ** 30   # a payload or an .npz array read from a run folder is at most this large (1 GiB)
+MAX_LEDGER = 2 ** 36       # bytes of a messages.jsonl read back
 
 
-def regular_file(path: Path, root: Path, what: str) -> int:
-    """The size of ``path`` if it is a regular file (not a link, FIFO or device) inside ``root`` of at most
-    MAX_FILE_BYTES; else a one-line error."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        raise UserError(f"{what} {path} is missing: the run folder is damaged (restore it or re-run the scenario)"
-                        ) from None
-    inside = Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
-    if not stat.S_ISREG(st.st_mode) or not inside or st.st_size > MAX_FILE_BYTES:
-        raise UserError(f"{what} {path} is not a regular file of the run folder under {MAX_FILE_BYTES >> 20} MiB: "
-                        "the run folder is damaged or hostile (restore it or re-run the scenario)")
-    return st.st_size
-
-
-def load_npz(path: Path) -> dict:
-    """The arrays of an ``.npz`` file (no pickled objects, each array's declared size checked before it is read:
-    at most MAX_FILE_BYTES together); a damaged file is a one-line error naming it."""
+def load_npz(path: Path, root: Path | None = None) -> dict:
+    """The arrays of an ``.npz`` file of folder ``root`` (default its own folder; opened as data,
+    fdg_audit.store.safe: no pickled objects, each array's declared size checked before it is read: at most
+    MAX_FILE_BYTES together); a missing or damaged file is a one-line error naming it."""
+    data = read_in(Path(path).parent if root is None else root, path)
+    if data is None:
+        raise UserError(f"{path} is missing: the run folder is damaged; restore the file or re-run the scenario")
     try:
         total = 0
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
             for info in zf.infolist():
                 with zf.open(info) as f:
                     read = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -133,7 +123,7 @@ def load_npz(path: Path) -> dict:
                     total += int(np.prod(shape, dtype=object)) * dtype.itemsize
                     if dtype.hasobject or total > MAX_FILE_BYTES:
                         raise ValueError(f"{info.filename} declares {'objects' if dtype.hasobject else f'{total} bytes'}")
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as e:
         raise UserError(f"{path} cannot be read as plain arrays ({str(e).splitlines()[0]}): the run folder is "
@@ -221,7 +211,7 @@ class Ledger:
     def append(self, env: Envelope, data: bytes) -> None:
         p = self.payload_path(env.sha256)
         if self._keep(env) and not p.exists():
-            atomic_write(p, data)
+            atomic_write(p, data, self.root)
         env.stored, env.prev = p.exists(), self.heads.get(env.run, "")
         self.append_line(env.to_json(), env.run)
 
@@ -229,7 +219,7 @@ class Ledger:
         """Append one envelope line as is (its ``prev`` already set) and move its run's chain head."""
         if self._fd is None:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         os.write(self._fd, (line + "\n").encode())      # one write: a kill leaves at most a torn last line
         self.heads[run or json.loads(line)["run"]] = line_hash(line)
         self.count += 1
@@ -250,7 +240,7 @@ class Ledger:
         led = cls.__new__(cls)
         led.root, led.store, led.rounds, led._fd, led.count = run_dir, "all", [], None, 0
         led.envelopes, led.lines, led.heads, led.torn = [], [], {}, 0
-        raw = f.read_bytes().split(b"\n")
+        raw = read_in(run_dir, f, MAX_LEDGER).split(b"\n")
         if raw[-1]:
             led.torn = len(raw)
         for n, line in enumerate(raw[:-1], 1):
@@ -291,8 +281,7 @@ class Ledger:
             raise UserError(f"{self.root.name}: the payload of {env.kind} (run {env.run}, round {env.round}, seq "
                             f"{env.seq}, {env.sender}->{env.receiver}) is missing from payloads/: the run folder is "
                             "damaged (restore it or re-run the scenario)")
-        regular_file(p, self.root, "payload")
-        data = p.read_bytes()
+        data = read_in(self.root, p) or b""
         if hashlib.sha256(data).hexdigest() != env.sha256:
             raise UserError(f"{self.root.name}: payload {p.name[:12]}... of {env.kind} (run {env.run}, round "
                             f"{env.round}, seq {env.seq}) does not match its envelope's sha256: the run folder is "
@@ -321,7 +310,7 @@ def open_verified(root: Path, summary: dict | None = None) -> Ledger:
     led = Ledger.open(root)
     planned = {r["run"] for r in summary["runs"]}
     if (Path(root) / "manifest.json").exists():
-        planned |= set(read_json(Path(root) / "manifest.json", "manifest.json").get("runs", []))
+        planned |= set(read_json(Path(root) / "manifest.json", "manifest.json", root).get("runs", []))
     stray = next(((n, e.run) for e, (n, _) in zip(led.envelopes, led.lines) if e.run not in planned), None)
     if stray:
         raise UserError(f"{Path(root).name}/messages.jsonl line {stray[0]} belongs to run {stray[1]!r}, which this "
@@ -342,8 +331,8 @@ def run_status(root: Path) -> dict:
     led = None if not (root / "messages.jsonl").exists() else open_verified(root, summary) if chained else \
         Ledger.open(root)
     for f in sorted(root.glob("mia/*/*.npz")) + sorted(root.glob("recon/*/*.npz")):
-        load_npz(f)
-    manifest = read_json(root / "manifest.json", "run folder's manifest") if (root / "manifest.json").exists() else {}
+        load_npz(f, root)
+    manifest = read_json(root / "manifest.json", "run folder's manifest", root) if (root / "manifest.json").exists() else {}
     seen = {r["run"]: r["status"] for r in summary["runs"]}
     planned = manifest.get("runs") if isinstance(manifest, dict) and isinstance(manifest.get("runs"), list) else []
     planned = list(dict.fromkeys(list(planned) + list(seen)))

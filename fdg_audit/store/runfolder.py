@@ -16,7 +16,9 @@
 
 A run's record is ``RunInfo``: written by the runner into summary.json, read back by ``attack`` and ``report`` on a
 finished folder, which therefore never re-plan the scenario (no re-validation against today's defaults). Everything
-read from a folder is data: a damaged or hostile file is a one-line error, never a traceback.
+read from a folder is data, and every file is read and written through fdg_audit.store.safe (no link followed under
+the folder, no FIFO or device, sizes checked first, long names shortened with their hash): a damaged or hostile file
+is a one-line error, never a traceback, and nothing is written outside the folder.
 """
 from __future__ import annotations
 
@@ -32,13 +34,14 @@ import numpy as np
 
 from ..errors import UserError
 from .ledger import atomic_write, load_npz, read_json, read_secrets, read_summary
-from ..data import DataConfig
+from .safe import bounded, entries, read_in
+from ..data.base import DataConfig
 from ..metrics.stats import Items
 import tomllib
 
 LEAK_FIELDS = ["run", "dataset", "method", "variant", "target", "seed", "attack", "adversary", "artifact",
                "round", "victim", "output", "metric", "value", "baseline", "status", "alignment", "baseline_kind",
-               "plateau", "n_distractors"]
+               "plateau", "n_distractors", "n_same_class", "chance", "free_guess"]
 ITEM_KEYS = ("run", "attack", "adversary", "artifact", "round", "victim", "output", "metric", "status")
 NEEDS = {"leakage.csv": ("run", "attack", "metric", "value", "baseline", "round", "status"),
          "privacy.csv": ("run", "epsilon", "delta")}
@@ -154,13 +157,15 @@ class RunFolder:
     # ------------------------------------------------------------------------------------------- attack results
 
     def items_file(self, label: str, run: str) -> Path:
-        return self.root / "items" / label / (run.replace("/", "__") + ".npz")
+        return self.root / "items" / bounded(label) / (run_tag(run) + ".npz")
 
     def mia_file(self, label: str, run: str) -> Path:
-        return self.root / "mia" / label / (run.replace("/", "__") + ".npz")
+        return self.root / "mia" / bounded(label) / (run_tag(run) + ".npz")
 
     def recon_file(self, label: str, run: str, victim: str, variant: str) -> Path:
-        return self.root / "recon" / label / f"{run.replace('/', '__')}__{victim_tag(victim)}__{variant.replace('/', '__') or 'main'}.npz"
+        return self.root / "recon" / bounded(label) / (f"{bounded(run.replace('/', '__'), 100)}__"
+                                                       f"{bounded(victim_tag(victim), 50)}__"
+                                                       f"{bounded(variant.replace('/', '__'), 50) or 'main'}.npz")
 
     def write_results(self, rows: list[dict], controls: list[dict], described: dict) -> None:
         """leakage.csv, controls.json and attacks.json after attacks ``described`` ran: their earlier rows and
@@ -172,9 +177,10 @@ class RunFolder:
         w = csv.DictWriter(buf, fieldnames=LEAK_FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(old + rows)
-        atomic_write(self / "leakage.csv", buf.getvalue())
-        atomic_write(self / "controls.json", json.dumps(old_c + controls, indent=1))
-        atomic_write(self / "attacks.json", json.dumps({**self.attacks(), **described}, indent=1, sort_keys=True))
+        atomic_write(self / "leakage.csv", buf.getvalue(), self.root)
+        atomic_write(self / "controls.json", json.dumps(old_c + controls, indent=1), self.root)
+        atomic_write(self / "attacks.json", json.dumps({**self.attacks(), **described}, indent=1, sort_keys=True),
+                     self.root)
 
     def save_scores(self, label: str, run: str, scores: list, members: dict) -> None:
         """Raw membership scores for ROC plots and pooling across runs: one entry per candidate: ``score``
@@ -187,7 +193,7 @@ class RunFolder:
                             member=np.concatenate([members[o.victim] for o in scores]).astype(np.int8),
                             victim=rep(lambda o: o.victim), variant=rep(lambda o: o.variant),
                             round=rep(lambda o: o.round).astype(np.int64))
-        atomic_write(self.mia_file(label, run), buf.getvalue())
+        atomic_write(self.mia_file(label, run), buf.getvalue(), self.root)
 
     def save_items(self, label: str, run: str, rows: list) -> None:
         """Per-item values behind each scored row (fdg_audit.metrics.stats): ``meta`` (a JSON list, one entry per
@@ -209,26 +215,26 @@ class RunFolder:
             return
         buf = io.BytesIO()
         np.savez_compressed(buf, meta=np.array(json.dumps(meta, default=str)), **arrays)
-        atomic_write(self.items_file(label, run), buf.getvalue())
+        atomic_write(self.items_file(label, run), buf.getvalue(), self.root)
 
     def save_grid(self, label: str, run: str, victim: str, variant: str, images: tuple, n: int = 8) -> None:
         x, r, b = images
         buf = io.BytesIO()
         np.savez_compressed(buf, truth=x[:n].numpy(), recon=r[:n].numpy(), baseline=b[:n].cpu().float().numpy())
-        atomic_write(self.recon_file(label, run, victim, variant), buf.getvalue())
+        atomic_write(self.recon_file(label, run, victim, variant), buf.getvalue(), self.root)
 
     # ------------------------------------------------------------------------------------------- readers
 
     def csv(self, name: str, check: bool = True) -> list[dict]:
         """A CSV file of the folder ([] when absent); one without its columns (NEEDS) is a one-line error."""
         path = self.root / name
-        if not path.exists():
+        data = read_in(self.root, path)
+        if data is None:
             return []
         try:
-            with open(path, newline="") as f:
-                rows = csv.DictReader(f)
-                missing = [c for c in NEEDS.get(name, ()) if c not in (rows.fieldnames or [])]
-                rows = list(rows)
+            rows = csv.DictReader(io.StringIO(data.decode(), newline=""))
+            missing = [c for c in NEEDS.get(name, ()) if c not in (rows.fieldnames or [])]
+            rows = list(rows)
         except (OSError, UnicodeDecodeError, csv.Error) as e:
             raise UserError(f"{path} cannot be read as CSV ({e}): the run folder is damaged; restore it or re-run") \
                 from None
@@ -248,7 +254,7 @@ class RunFolder:
         path = self / "controls.json"
         if not path.exists():
             return []
-        c = read_json(path, "attack controls file")
+        c = read_json(path, "attack controls file", self.root)
         if not (isinstance(c, list) and all(isinstance(x, dict) and all(k in x for k in CONTROL_KEYS) for x in c)):
             raise UserError(f"{path} is not a list of attack controls ({', '.join(CONTROL_KEYS)}): the run folder is "
                             f"damaged; re-run `fdg_audit attack {self.root}`")
@@ -259,7 +265,7 @@ class RunFolder:
         path = self / "attacks.json"
         if not path.exists():
             return {}
-        a = read_json(path, "attack descriptions file")
+        a = read_json(path, "attack descriptions file", self.root)
         strs = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)  # noqa: E731
         ok = isinstance(a, dict) and all(
             isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("adversary"), str)
@@ -274,8 +280,8 @@ class RunFolder:
     def config(self) -> dict:
         """config.resolved.toml as a table, read once ({} when missing or damaged)."""
         try:
-            return tomllib.loads((self / "config.resolved.toml").read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return tomllib.loads((read_in(self.root, "config.resolved.toml") or b"").decode())
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError):
             return {}
 
     def reference_values(self) -> dict:
@@ -297,19 +303,26 @@ class RunFolder:
         """The files under ``kind`` ("items" | "mia" | "recon") of the runs ``runs``: dicts with attack, run, path
         (and victim, variant for "recon"); files of other runs or with names no run writes are ignored."""
         out = []
-        safe = {r.replace("/", "__"): r for r in runs}
-        for p in sorted((self / kind).glob("*/*.npz")):
+        safe = {bounded(r.replace("/", "__"), 100) if kind == "recon" else run_tag(r): r for r in runs}
+        files = [self / kind / a / f for a in entries(self.root, kind, folders=True)
+                 for f in entries(self.root, f"{kind}/{a}") if f.endswith(".npz")]   # no link, no FIFO
+        for p in files:
             if kind != "recon":
                 if p.stem in safe:
-                    out.append(dict(attack=p.parent.name, run=safe[p.stem], path=p))
+                    out.append(dict(attack=p.parent.name, run=safe[p.stem], path=p, root=self.root))
                 continue
             for s in sorted(safe, key=len, reverse=True):   # <run>__<victim>__<variant>
                 if p.stem.startswith(s + "__"):
                     rest = p.stem[len(s) + 2:].split("__")
                     out.append(dict(attack=p.parent.name, run=safe[s], victim=rest[0].replace("@", "/"),
-                                    variant="__".join(rest[1:]) or "main", path=p))
+                                    variant="__".join(rest[1:]) or "main", path=p, root=self.root))
                     break
         return out
+
+
+def run_tag(run: str) -> str:
+    """A run id in a file name: "/" as "__", a long one shortened with its hash (``bounded``)."""
+    return bounded(run.replace("/", "__"), 150)
 
 
 def victim_tag(victim: str) -> str:
@@ -319,9 +332,10 @@ def victim_tag(victim: str) -> str:
     return "+".join(parts) if len(parts) <= 4 else f"{parts[0]}+{len(parts) - 2}more+{parts[-1]}"
 
 
-def load_items(path) -> list[dict]:
-    """The rows of one ``items/<attack>/<run>.npz``: leakage keys plus ``items`` and ``base`` (Items or None)."""
-    out, z = [], load_npz(Path(path))
+def load_items(path, root=None) -> list[dict]:
+    """The rows of one ``items/<attack>/<run>.npz`` of run folder ``root``: leakage keys plus ``items`` and ``base``
+    (Items or None)."""
+    out, z = [], load_npz(Path(path), root)
     try:
         meta = json.loads(str(z["meta"]))
         for j, m in enumerate(meta):

@@ -18,7 +18,7 @@ from ..bus import Bus, Payload, decode
 from ..data import load_data
 from ..errors import UserError
 from ..protocol import Client, Reply, unlabeled
-from ..plugins import load_method
+from ..protocol import load_method
 from .cohort import fit_cohort
 
 class _Link:

@@ -38,9 +38,10 @@ from ..metrics.stats import LATE   # a run selected in its last 10% of rounds ha
 from ..models import ModelConfig, build_model
 from ..params import asked
 from ..protocol import accuracy, unlabeled
-from ..plugins import available, load_method
+from ..protocol import load_method
 from ..privacy import build_filters
 from .ray_engine import RayWorkers
+from .settings import check_participation, cohort_on
 
 def _cat(splits: list[Split]) -> Split:
     return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]),
@@ -119,25 +120,6 @@ def participants(seq: np.random.SeedSequence, clients: list[str], fraction: floa
     return [clients[i] for i in np.sort(rng.choice(len(clients), m, replace=False))]
 
 
-def check_participation(method, fraction: float, where: str = "participation") -> None:
-    """``participation`` in (0, 1], and < 1 only for a method that declares ``partial_participation`` (else its
-    ``participation_note`` says why not)."""
-    if not 0.0 < fraction <= 1.0:
-        raise UserError(f"{where} = {fraction}: use a fraction in (0, 1], e.g. 0.1")
-    if fraction < 1.0 and not method.partial_participation:
-        ok = [n for n in sorted(available("method")) if load_method(n).partial_participation]
-        raise UserError(f"method {method.name} does not support participation < 1 ({method.participation_note}): "
-                        f"set {where} = 1.0, or "
-                        f"use a method that does ({', '.join(ok)})")
-
-
-def cohort_on(params) -> bool:
-    mode = params.cohort
-    if mode not in ("loop", "vmap", "auto"):
-        raise UserError(f"cohort = {mode!r}: use \"loop\", \"vmap\" or \"auto\" (vmap when CUDA is present)")
-    return mode == "vmap" or (mode == "auto" and torch.cuda.is_available())
-
-
 def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_round=None, truth_sink=None) -> dict:
     """Run one federation (one method, one held-out target, one seed) and evaluate it.
 
@@ -158,7 +140,7 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
     filters = dict(spec.filters or {})
     for k, fs in build_filters(spec.privacy).items():   # fresh per run: accountants live for one run
         filters[k] = filters.get(k, []) + fs
-    bus = Bus(ledger, spec.run_id, method.name, filters=filters)
+    bus = Bus(ledger, spec.run_id, method.name, filters=filters, declared=method.kinds)
     pub = None
     if data.public is not None:
         bus.send("public", "public", "server", PUBLIC_AUX, {}, public_record(data.public, data.public_name))

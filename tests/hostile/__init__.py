@@ -128,11 +128,12 @@ class Keeper(Attack):
 
 
 STASH_KEY = 0x5a17   # the System V shared-memory key Stash leaves behind
+PLACES = ("/tmp", "/dev/shm", ".", "/", "/dev", "cache")   # where Stash leaves a file (round 4: /, /dev, cache/)
 
 
 class Stash(Attack):
     """Tries to carry something from one job to the next one of the same attack (a warm sandbox serves both): its
-    control() leaves a file in /tmp, /dev/shm and its view folder, a process that outlives it, a System V shared
+    control() leaves a file in /tmp, /dev/shm, its view folder, /, /dev and the view's cache/, a process that outlives it, a System V shared
     memory segment and a POSIX message queue; run() reports which of them it finds."""
     name = "hostile_stash"
     consumes = ("weights",)
@@ -142,14 +143,17 @@ class Stash(Attack):
         import ctypes
         import subprocess
         import sys
-        for d in ("/tmp", "/dev/shm", "."):
+        for d in self.p.paths or PLACES:
             try:
                 Path(d, "fdg_stash").write_text("left")
             except OSError:
                 pass
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fdg-stash-sleeper"],
-                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        try:   # a process that outlives the job (no new process can be made in a worker now)
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "fdg-stash-sleeper"],
+                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        except OSError:
+            pass
         libc = ctypes.CDLL(None, use_errno=True)
         libc.shmget(STASH_KEY, 4096, 0o1000 | 0o600)   # IPC_CREAT
         rt = ctypes.CDLL("librt.so.1", use_errno=True)
@@ -159,7 +163,7 @@ class Stash(Attack):
 
     def run(self, view, aux):
         import ctypes
-        found = [d for d in ("/tmp", "/dev/shm", ".") if Path(d, "fdg_stash").exists()]
+        found = [d for d in self.p.paths or PLACES if Path(d, "fdg_stash").exists()]
         for d in os.listdir("/proc"):
             try:
                 if d.isdigit() and b"fdg-stash-sleeper" in Path(f"/proc/{d}/cmdline").read_bytes():
@@ -173,3 +177,107 @@ class Stash(Attack):
         if rt.mq_open(b"/fdg_stash", os.O_RDONLY) >= 0:
             found.append("mqueue")
         return [Skipped(view.me, "weights", 1, json.dumps(found))]
+
+
+class Forger(Attack):
+    """Round 4, try 1: from its describe job (``__init__`` runs there) it answers that job itself (a result.npz and
+    "done" written to /proc/1/fd/1, which held a warm sandbox's channel), then waits ``mb`` seconds for the view
+    folder to hold a later job and answers it with a forged Skipped("forged"). Its own run() says "real"."""
+    name = "hostile_forger"
+    consumes = ("weights",)
+    Params = Params
+
+    def __init__(self, params=None, device="cpu"):
+        super().__init__(params, device)
+        import time
+        from fdg_audit.audit.transport import encode
+        from fdg_audit.audit.worker import portrait
+        try:
+            mode = json.loads(Path("view.json").read_text()).get("mode")
+        except (OSError, ValueError):
+            return
+        if mode != "describe":
+            return
+        Path("result.npz").write_bytes(encode({"describe": portrait(self)}))
+        if b"bwrap" not in Path("/proc/1/cmdline").read_bytes():   # not inside a sandbox: the host's init
+            return
+        for fd in ("/proc/1/fd/1", "/proc/1/fd/0"):
+            try:
+                with open(fd, "w") as f:
+                    f.write("done\n")
+            except OSError:
+                pass
+        end = time.monotonic() + self.p.mb
+        while time.monotonic() < end:
+            try:
+                spec = json.loads(Path("view.json").read_text())
+            except (OSError, ValueError):
+                spec = {}
+            if spec.get("mode") in ("run", "control"):
+                forged = {"controls": []} if spec["mode"] == "control" else \
+                    {"outputs": [Skipped(spec["me"], "weights", 1, "forged")], "keep": {}}
+                Path("result.npz").write_bytes(encode(forged))
+                try:
+                    with open("/proc/1/fd/1", "w") as f:
+                        f.write("done\n")
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    def run(self, view, aux):
+        return [Skipped(view.me, "weights", 1, "real")]
+
+
+class Hog(Attack):
+    """Round 4, try 2: tries to hold ``mb`` MB past attack_memory_gb by ``how``: "mmap" (a MAP_SHARED anonymous
+    mapping), "shm" (a file in /dev/shm), "tmp" (a file in /tmp), "children" (three child processes); reports the MB
+    it held at once (JSON {"held": MB, "why": the error that stopped it})."""
+    name = "hostile_hog"
+    consumes = ("weights",)
+    Params = Params
+
+    def run(self, view, aux):
+        import mmap
+        chunk, held, why, keep = 2 ** 20 * 50, 0, "", []
+        try:
+            if self.p.how == "children":
+                import subprocess
+                import sys
+                code = f"import time; b = bytearray({self.p.mb // 3} * 2 ** 20); time.sleep(30)"
+                keep = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(3)]
+                held = self.p.mb   # three processes of a third each (killed below)
+            else:
+                f = None if self.p.how == "mmap" else open(f"/{'dev/shm' if self.p.how == 'shm' else 'tmp'}/hog", "wb")
+                while held < self.p.mb:
+                    if f is None:
+                        m = mmap.mmap(-1, chunk, flags=mmap.MAP_SHARED)
+                        m.write(b"x" * chunk)
+                        keep.append(m)
+                    else:
+                        f.write(b"x" * chunk)
+                        f.flush()
+                    held += chunk >> 20
+        except (OSError, MemoryError) as e:
+            why = type(e).__name__
+        finally:
+            for k in keep:
+                getattr(k, "kill", getattr(k, "close", None))()
+            for d in ("/dev/shm/hog", "/tmp/hog"):
+                try:
+                    if self.p.how != "mmap":
+                        os.unlink(d)
+                except OSError:
+                    pass
+        return [Skipped(view.me, "weights", 1, json.dumps({"held": held, "why": why}))]
+
+
+class Sleeper(Attack):
+    """Round 4, try 6: a constructor that never returns (the describe job must end at attack_timeout)."""
+    name = "hostile_sleeper"
+    consumes = ("weights",)
+
+    def __init__(self, params=None, device="cpu"):
+        super().__init__(params, device)
+        import time
+        while True:
+            time.sleep(1)

@@ -1,0 +1,116 @@
+"""The trust boundary, round 4 (issue 51): one job per sandbox, a channel a job cannot impersonate, limits that hold
+over the job's whole process tree and its shared memory, time limits in describe mode, and Ctrl-C while a worker
+starts. Each test is one of the hostile tester's tries (tests/hostile/), as root with bubblewrap and, where the try
+applies, as plain processes."""
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fdg_audit.audit.harness import run_attacks
+from fdg_audit.errors import UserError
+
+from conftest import leakage_rows
+from test_hostile import CODE, _reason, _settings, needs_bwrap
+from test_trust import copy, root  # noqa: F401  (fixtures: a finished run folder and a copy)
+
+MODES = ["process", pytest.param("bwrap", marks=needs_bwrap)]
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_job_cannot_answer_for_a_later_job(copy, monkeypatch, sandbox):  # noqa: F811
+    """Try 1: the describe job answered itself through /proc/1/fd/1 (the warm sandbox's stdout), stayed alive and
+    answered the attack's later jobs ("forged"). Now each job has its own sandbox, its go comes on a pipe only its
+    server holds, and the answer must carry the job's nonce: the run's row is the attack's own ("real")."""
+    import fdg_audit.audit.checks as checks
+    monkeypatch.setattr(checks, "_DESCRIBED", {})   # the forger acts in its describe job: no earlier one reused
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
+    _settings(copy, attack_timeout=120)
+    run_attacks(copy, [{"name": "hostile:Forger", "mb": 8}, {"name": "dataset_size"}], quiet=True)
+    (r,) = leakage_rows(copy, attack="hostile_forger", metric="skipped")
+    assert r["status"] == "skipped: real", r
+    rows = leakage_rows(copy, attack="dataset_size")
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+
+
+@needs_bwrap
+def test_the_channel_is_not_in_the_sandbox_init(tmp_path):
+    """The harness's pipe reaches the server (fd ``r``) but not bubblewrap's PID 1: /proc/1/fd does not hold it."""
+    from fdg_audit.audit.bwrap import bwrap_argv, clean_env
+    r, w = os.pipe()
+    argv = bwrap_argv(tmp_path, {"attack": "dataset_size", "memory_gb": 1.0}, {"attack": sys.path, "method": sys.path},
+                      None, r)
+    i = argv.index("-P")
+    probe = ("import os; print(sorted(os.readlink(f'/proc/1/fd/{f}') for f in os.listdir('/proc/1/fd')));"
+             f"print(os.readlink('/proc/self/fd/{r}'))")
+    p = subprocess.run(argv[:i] + ["-c", probe], pass_fds=(r,), env=clean_env(), capture_output=True, text=True,
+                       timeout=120)
+    os.close(r)
+    os.close(w)
+    init, mine = p.stdout.splitlines()
+    assert mine.startswith("pipe:") and mine not in init, p.stdout + p.stderr   # init: /dev/null, our stdout/err
+
+
+@pytest.mark.parametrize("sandbox,how", [("process", "mmap"), ("process", "children"),
+                                         pytest.param("bwrap", "mmap", marks=needs_bwrap),
+                                         pytest.param("bwrap", "shm", marks=needs_bwrap),
+                                         pytest.param("bwrap", "tmp", marks=needs_bwrap),
+                                         pytest.param("bwrap", "children", marks=needs_bwrap)])
+def test_the_memory_limit_holds_over_shared_memory_and_children(copy, monkeypatch, sandbox, how):  # noqa: F811
+    """Try 2: with attack_memory_gb = 0.25 a plugin held 1,000 MB through a MAP_SHARED mapping, a file in /dev/shm
+    or /tmp, or three children (RLIMIT_DATA counted none). Now it holds at most the documented 1.5 x the limit
+    (address space plus a quarter each for /tmp and /dev/shm), and makes no child."""
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
+    _settings(copy, attack_memory_gb=0.25, attack_timeout=300)
+    run_attacks(copy, [{"name": "hostile:Hog", "how": how, "mb": 1000}], quiet=True)
+    got = _reason(copy, "hostile_hog")
+    assert got["held"] <= 1.5 * 256, got
+    if how == "children":
+        assert got == {"held": 0, "why": "PermissionError"}, got
+
+
+@pytest.mark.parametrize("sandbox", MODES)
+def test_a_describe_job_ends_at_attack_timeout(copy, monkeypatch, sandbox):  # noqa: F811
+    """Try 6: a constructor that sleeps forever; the describe job ends at the folder's attack_timeout with one
+    line."""
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
+    _settings(copy, attack_timeout=5)
+    with pytest.raises(UserError, match="longer than attack_timeout = 5 s"):
+        run_attacks(copy, [{"name": "hostile:Sleeper"}], quiet=True)
+
+
+def _idle():
+    time.sleep(60)
+
+
+def test_stopping_a_worker_that_never_started_is_quiet():
+    """Try 7 (the loaded suite's traceback): Ctrl-C inside ``Process.start`` left ``_kill`` a Process whose
+    ``_popen`` is None; ``kill()`` raised AttributeError. Now there is nothing to stop and nothing raised."""
+    from fdg_audit.audit.sandbox import _kill
+    p = multiprocessing.get_context("spawn").Process(target=_idle)
+    _kill(p)   # not started
+    assert p.pid is None
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.0, 2.0, 3.0])
+def test_ctrl_c_after_the_last_job_is_one_line_or_a_clean_exit(copy, tmp_path, delay):  # noqa: F811
+    """Try 7: a Ctrl-C two seconds after the last job killed the process silently (exit -2). Whenever it comes
+    after the command's output, the process exits 0 with no error or 2 with the one line, never by the signal."""
+    p = subprocess.Popen([sys.executable, "-m", "fdg_audit", "attack", str(copy), "--attacks", "dataset_size",
+                          "--quiet"], env=dict(CODE, FDG_AUDIT_SANDBOX="auto"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    line = p.stdout.readline()   # "leakage: ..." : the last job is done
+    time.sleep(delay)
+    try:
+        os.killpg(p.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    out, err = p.communicate(timeout=300)
+    assert line.startswith("leakage: "), line + err
+    assert p.returncode == 0 and err == "" or p.returncode == 2 and err.count("\n") == 1 and \
+        err.startswith("error: interrupted"), (p.returncode, err)
