@@ -1,7 +1,7 @@
 """report.html in a real browser: a report built from a tiny run folder, rendered by headless Debian chromium at
-1280 x 900, shows page one's answer sentences and the trade-off figure on its first screen; the file is
-self-contained (images as data URIs, nothing fetched); text from a run folder is escaped in report.md and
-report.html."""
+1280 x 800, shows page one's answer sentences and the answer figure on its first screen; it has a table of contents,
+and every in-page link (contents, page one's row links) reaches an element of the page; the file is self-contained
+(images as data URIs, nothing fetched); text from a run folder is escaped in report.md and report.html."""
 import json
 import re
 import shutil
@@ -11,24 +11,24 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fdg_audit.report import scorecard as SC
+from fdg_audit.report import model as M
 from fdg_audit.report import tables as T
 from fdg_audit.report import write_report
-from fdg_audit.report.compare import between
-from fdg_audit.report.curves import by_size
-from fdg_audit.report.pageone import MAX_LINES, sentences
-from fdg_audit.report.traffic import bytes_table
+from fdg_audit.report.pageone import sentences
 
 from conftest import tiny_scenario
 
 TINY = tiny_scenario(name="tiny_html", report=None, seeds=[0, 1], methods=[dict(name="fedavg"), dict(name="feddg")],
                      attacks=[dict(name="mia_loss", max_victims=1)])   # report: the default (written)
 
-W, H = 1280, 900
+W, H = 1280, 800
 # a measuring probe appended to a copy of the page: writes where page one's parts are into the DOM
 PROBE = """<script>var r=function(e){var b=e.getBoundingClientRect();return [b.left,b.top,b.width,b.height];};
 document.documentElement.dataset.layout=JSON.stringify({items:Array.from(document.querySelectorAll('#page-one li'))
-.map(r),figure:r(document.querySelector('#page-one img')),view:[innerWidth,innerHeight]});</script>"""
+.map(r),said:Array.from(document.querySelectorAll('#page-one p')).map(function(p){return [p.textContent].concat(r(p));}),
+figure:r(document.querySelector('#page-one img')),view:[innerWidth,innerHeight],
+links:Array.from(document.querySelectorAll('a[href^="#"]')).map(function(a){var h=decodeURIComponent(a.getAttribute('href').slice(1));
+return [h,!!document.getElementById(h)];})});</script>"""
 
 
 def chromium(tmp_path, page, *args) -> str:
@@ -50,32 +50,36 @@ def tiny(tmp_path_factory):
     return run_scenario(str(d / "tiny.toml"), [], out=str(d / "runs"), quiet=True)
 
 
-def test_the_first_screen_holds_the_answer_and_the_trade_off_figure(tiny, tmp_path):
+def test_the_first_screen_holds_the_answer_and_the_answer_figure_and_every_link_works(tiny, tmp_path):
     page = tiny / "report.html"
     src = page.read_text()
-    # self-contained: every image a data URI, nothing that names another place to fetch from
+    # self-contained: every image a data URI, links only to the page itself or to the report's own files
     assert re.findall(r"<img [^>]*src=\"data:image/png;base64,", src)
-    assert not re.search(r"(src|href)=\"(?!data:|#)", src) and "http://" not in src and "https://" not in src
-    md = (tiny / "report.md").read_text().splitlines()
-    first = next(i for i, line in enumerate(md) if line.startswith("## ") and i > 2)
-    assert md[2] == "## The answer" and first <= MAX_LINES
-    res = T.load([tiny])
-    card = SC.scorecard(res)
-    said = sentences(res, card, between(res, card), by_size(res), bytes_table(res.envelopes, res.ok))
+    assert not re.search(r"src=\"(?!data:)", src) and "http://" not in src and "https://" not in src
+    assert set(re.findall(r'href="(?!#)([^"]+)"', src)) <= {"scorecard.csv", "comparisons.csv"}
+    assert all((tiny / f).is_file() for f in set(re.findall(r'href="(?!#)([^"]+)"', src)))
+    md = (tiny / "report.md").read_text()
+    assert md.splitlines()[2].startswith("Contents: ") and "## The answer" in md
+    said = sentences(M.build(T.load([tiny])))
     assert 1 <= len(said) <= 5
     probe = tmp_path / "probe.html"
     probe.write_text(src.replace("</body>", PROBE + "</body>"))
     dom = chromium(tmp_path, probe, "--dump-dom")
-    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom.split('id="page-one"')[1].split("</section>")[0]))
     import html
-    for s in said:                      # every sentence, as generated from the scorecard, is on page one
-        assert re.sub(r"\s+", " ", s) in html.unescape(text)
     lay = json.loads(html.unescape(re.search(r'data-layout="([^"]+)"', dom).group(1)))
-    view = lay["view"][1]        # --dump-dom lays out below the window's height (757 of 900 px): stricter still
-    assert lay["view"][0] == W and view <= H and len(lay["items"]) == len(said)
-    assert all(0 <= top and top + h <= view for _, top, _, h in lay["items"])
+    view = lay["view"][1]        # --dump-dom lays out below the window's height: stricter still
+    assert lay["view"][0] == W and view <= H
+    text = re.sub(r"\s+", " ", " ".join(p[0] for p in lay["said"]))
+    for s in said:               # every sentence is on page one, inside the first screen
+        plain = re.sub(r"\s+", " ", re.sub(r"\[↗\]\(#[^)]+\)", "↗", s))
+        assert plain in text, plain
+        box = next(p for p in lay["said"] if plain in re.sub(r"\s+", " ", p[0]))
+        assert 0 <= box[2] and box[2] + box[4] <= view
     x, y, w, h = lay["figure"]
-    assert 0 <= y and y + h <= view and w >= 300 and h >= 200  # the trade-off figure, whole, on the first screen
+    assert 0 <= y and y + h <= view and w >= 300 and h >= 200  # the answer figure, whole, on the first screen
+    links = dict(lay["links"])
+    assert len(links) >= 3 and all(links.values()), [k for k, ok in links.items() if not ok]
+    assert any(k.count(".") >= 2 for k in links)             # page one's links to scorecard rows
     shot = tmp_path / "first.png"
     chromium(tmp_path, page, f"--screenshot={shot}")
     img = np.asarray(Image.open(shot).convert("L"), float)

@@ -370,7 +370,6 @@ def test_the_baseline_is_the_chosen_outputs_own_on_the_same_half(tmp_path):
 
 
 @pytest.mark.usefixtures("psnr_headline")
-@pytest.mark.xfail(strict=True, reason="asserts the any-channel rows issue 46 removed: to rewrite on the results model")
 def test_a_cell_pools_its_victims_and_clients_of_one_image_count_per_size(tmp_path):
     """Clients of fixed sizes (client_sizes [1, 1, 1, 64]): an attack output's victims are pooled into one candidate,
     so the three 1-image clients form a held-out cell of their own size (before, a victim without images in both
@@ -397,7 +396,7 @@ def test_a_cell_pools_its_victims_and_clients_of_one_image_count_per_size(tmp_pa
     assert one["selection"] == "single" and int(one["n_items"]) == 3 * 6 and float(one["value"]) > 39
     assert 11 < float(big["value"]) < 13 and int(big["n_items"]) == 8 * 6
     assert ("fedavg", "reconstruction", "") not in cell
-    feddg = cell[("feddg", "reconstruction", "clients of 1 image, any channel")]
+    feddg = cell[("feddg", "reconstruction", "clients of 1 image")]
     assert feddg["reference"] and float(feddg["diff_ref"]) < -25     # compared with FedAvg at the same size
 
 
@@ -700,7 +699,6 @@ def _mean(metric, victim, x, b, output="main"):
                 base_items=S.Items("mean", np.asarray(b, float), ids=ids))
 
 
-@pytest.mark.xfail(strict=True, reason="asserts the any-channel rows issue 46 removed: to rewrite on the results model")
 def test_a_reid_cell_shows_the_same_attacks_psnr_success_shares_and_cpu_beside_it(tmp_path):
     """Output "b" re-identifies (90%) at about 24 dB, output "c" (5%) at 12 dB; "b" is chosen on held-out halves.
     The cell's PSNR companions are b's own on the held-out images of every run (aligned PSNR and its baseline,
@@ -747,11 +745,10 @@ def test_a_reid_cell_shows_the_same_attacks_psnr_success_shares_and_cpu_beside_i
     assert shown["also"] == also.replace(">=", "\\>=")
 
 
-@pytest.mark.xfail(strict=True, reason="asserts the any-channel rows issue 46 removed: to rewrite on the results model")
 def test_delta_intervals_stay_within_the_range_of_a_difference(tmp_path):
     """Re-identification rates of 0 or 1 per run, in opposite runs for the two methods (the same attack, both beyond
     the baseline): the Student-t interval of the paired Δ reaches beyond ±1, which no difference of two rates can;
-    the scorecard (same-attack and any-channel rows) and comparisons.csv cut it to [-1, 1]."""
+    the scorecard and comparisons.csv cut it to [-1, 1]."""
     import csv
 
     from fdg_audit.report import scorecard as SC
@@ -768,7 +765,7 @@ def test_delta_intervals_stay_within_the_range_of_a_difference(tmp_path):
         rows = [r for r in csv.DictReader(f) if r["harm"] == "reconstruction" and r["method"] == "feddg"]
     with open(tmp_path / "out" / "comparisons.csv", newline="") as f:
         (c,) = [r for r in csv.DictReader(f) if r["harm"] == "reconstruction"]
-    assert {r["setting"] for r in rows} == {"", "any channel"}
+    assert {r["setting"] for r in rows} == {""}                       # one row, one comparison
     for lo, hi, v in [(r["diff_ref_ci_low"], r["diff_ref_ci_high"], r["diff_ref"]) for r in rows] + \
             [(c["lo"], c["hi"], c["diff"])]:
         assert float(lo) == -1.0 and float(hi) == 1.0 and float(v) == pytest.approx(raw["mean"], abs=1e-9)

@@ -86,7 +86,7 @@ def _accuracy(ax, m: Model, col: dict) -> None:
                 continue
             x = i + (methods.index(g[1:]) - (len(methods) - 1) / 2) * width
             ax.errorbar([x], [c.value], yerr=[[c.value - c.lo], [c.hi - c.value]] if c.lo == c.lo else None,
-                        fmt="o", color=col[g], capsize=3, ms=6)
+                        fmt="o", color=col[g], capsize=3, ms=6, label=words(g[1] + g[2]))
             ax.plot([i - 0.4, i + 0.4], [c.baseline] * 2, ls=":", color="0.3", lw=1.5)
     ax.set_xticks(range(len(dss)), [words(d) for d in dss])
     ax.set_ylim(0, 1)
@@ -95,25 +95,29 @@ def _accuracy(ax, m: Model, col: dict) -> None:
 
 
 def answer_figure(m: Model, out: Path) -> str | None:
-    """plots/answer.png (module doc), or None without a reconstruction cell."""
+    """plots/answer.png (module doc); without a reconstruction cell, the accuracy panel alone (and its title says
+    that no reconstruction attack ran); None without accuracy either."""
     kinds = list(dict.fromkeys(m.kind(ds) for ds in m.families() if any(
         c.harm == "reconstruction" and c.group[0] == ds for c in m.cells)))
-    if not kinds:
+    if not kinds and not any(c.harm == "accuracy" for c in m.cells):
         return None
     col = colors(m.res)
-    fig = _fig(4.2 * len(kinds) + 3.6, 4.4)
-    axes = fig.subplots(1, len(kinds) + 1, width_ratios=[4.2] * len(kinds) + [3.0])
-    drawn = [_panel(ax, m, k, col) for ax, k in zip(axes[:-1], kinds)]
-    axes[0].set_ylabel("re-identified (mean over runs, 95% CI)", fontsize=11)
+    fig = _fig(4.2 * len(kinds) + 3.6 if kinds else 6.4, 4.4)
+    axes = list(np.atleast_1d(fig.subplots(1, len(kinds) + 1, width_ratios=[4.2] * len(kinds) + [3.0])))
+    for ax, k in zip(axes[:-1], kinds):
+        _panel(ax, m, k, col)
+    if kinds:
+        axes[0].set_ylabel("re-identified (mean over runs, 95% CI)", fontsize=11)
     _accuracy(axes[-1], m, col)
+    if not kinds:
+        axes[-1].set_title("held-out accuracy (dotted: chance)\nno reconstruction attack ran", fontsize=12)
     handles = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    if not any(drawn):
-        return None
-    fig.legend(list(handles.values()), list(handles), fontsize=10, loc="outside lower center",
-               ncol=min(4, len(handles)), frameon=False)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), fontsize=10, loc="outside lower center",
+                   ncol=min(4, len(handles)), frameon=False)
     return _save(fig, out, "answer.png")
 
 

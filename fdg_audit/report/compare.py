@@ -138,7 +138,7 @@ def between_md(comps: list[dict]) -> list[str]:
     if not leak:
         return []
     f = lambda x, d=3: "—" if x != x else f"{x:+.{d}f}"  # noqa: E731
-    body = [[c["dataset"], c["harm"] + (f" [{c['setting']}]" if c["setting"] else ""), c["adversary"], c["metric"], f"{c['a']} ({c['attack_a']} on {c['channel_a']})",
+    body = [[c["id"], c["dataset"], c["harm"] + (f" [{c['setting']}]" if c["setting"] else ""), c["adversary"], c["metric"], f"{c['a']} ({c['attack_a']} on {c['channel_a']})",
              f"{c['b']} ({c['attack_b']} on {c['channel_b']})", f"{f(c['diff'])} [{f(c['lo'])}, {f(c['hi'])}]",
              c["n"], "—" if c["p_holm"] != c["p_holm"] else f"{c['p_holm']:.3g}", c["call"]] for c in leak]
     return ["## Between methods, whatever the channel", "",
@@ -146,5 +146,5 @@ def between_md(comps: list[dict]) -> list[str]:
             "channel it sends, cross-fitted on halves of the items) minus another method's, paired by target and "
             "seed, 95% Student-t interval; p Holm-adjusted over every comparison between methods of this report "
             "(accuracy included). " + S.CALLS_TEXT + " comparisons.csv has these rows.", "",
-            md_table(["family", "harm", "adversary", "metric", "A (attack on channel)", "B (attack on channel)",
+            md_table(["comparison", "family", "harm", "adversary", "metric", "A (attack on channel)", "B (attack on channel)",
                       "A − B [95% CI]", "n", "p (Holm)", "call"], body), ""]

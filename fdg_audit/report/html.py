@@ -6,7 +6,8 @@ window high so the answer and the figure share the first screen; every later ``#
 Images from ``plots/`` are embedded as base64 data URIs and nothing is fetched from the network (no external script,
 style, font or image). Tables sort by a click on a column header (a few lines of inline JavaScript; numbers by value,
 text alphabetically). Every piece of text is HTML-escaped; report.md's own markup is a small subset (headings,
-bullets, tables, image lines, ``**bold**``, ``code``, in-page links, backslash escapes), so text that came from a
+bullets, tables, image lines, ``**bold**``, ``code``, in-page links and links to the report's own files
+(scorecard.csv, comparisons.csv: a relative name, no ``..``), backslash escapes), so text that came from a
 run folder (escaped there by ``formatting.md_text``) can never become markup here.
 """
 from __future__ import annotations
@@ -19,13 +20,14 @@ from pathlib import Path
 from ..store.ledger import atomic_write
 from ..store.safe import read_in
 
-_INLINE = re.compile(r"\\(.)|\*\*(.+?)\*\*|`([^`]*)`|\[([^\]\\]+)\]\((#[-\w]+)\)")
+_INLINE = re.compile(r"\\(.)|\*\*(.+?)\*\*|`([^`]*)`|\[([^\]\\]+)\]\((#[-\w.]+|[\w-]+(?:/[\w-]+)*\.(?:csv|md|json|png))\)")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\((plots/[^)\s]+)\)")
 
 STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:0 auto;max-width:1240px;padding:8px 16px;color:#111}
 h1{font-size:20px;margin:4px 0}h2{font-size:17px;display:inline}h3{font-size:15px}
 table{border-collapse:collapse;font-size:12px;margin:6px 0}td,th{border:1px solid #ccc;padding:2px 5px;
-vertical-align:top}th{background:#eee;cursor:pointer}#page-one img{max-height:42vh;max-width:49%}
+vertical-align:top}th{background:#eee;cursor:pointer}td.leak{background:#fdd;font-weight:bold}
+tr:target{outline:2px solid #c60}#page-one img{max-height:42vh;max-width:49%}
 img{max-width:100%}details{border-top:1px solid #ccc;padding:4px 0}summary{cursor:pointer}
 #page-one ul{margin:4px 0;padding-left:18px}"""
 
@@ -35,8 +37,8 @@ var v=function(r){var s=r.cells[i]?r.cells[i].textContent:'',n=parseFloat(s.repl
 return isNaN(n)?s:n;};Array.from(b.rows).sort(function(x,y){var p=v(x),q=v(y);
 var c=(typeof p==='number'&&typeof q==='number')?p-q:String(p).localeCompare(String(q));return up?c:-c;})
 .forEach(function(r){b.appendChild(r);});};});
-function openHash(){var e=location.hash&&document.getElementById(location.hash.slice(1));
-if(e&&e.tagName==='DETAILS'){e.open=true;e.scrollIntoView();}}
+function openHash(){var e=location.hash&&document.getElementById(decodeURIComponent(location.hash.slice(1)));
+var d=e&&e.closest('details');if(d){d.open=true;e.scrollIntoView();}}
 window.addEventListener('hashchange',openHash);openHash();"""
 
 
@@ -84,9 +86,13 @@ def _image(alt: str, src: str, root: Path) -> str:
 
 
 def _table(rows: list[str]) -> str:
+    """A table; under a first column headed "row" each row's id is its first cell (page one links there), and a
+    cell that reads "leak" is set off."""
     head, body = _cells(rows[0]), [_cells(r) for r in rows[2:]]
     th = "".join(f"<th>{inline(c)}</th>" for c in head)
-    tr = "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in body)
+    rid = lambda r: f' id="{html.escape(r[0])}"' if head[:1] == ["row"] and r else ""  # noqa: E731
+    td = lambda c: '<td class="leak">' if c == "leak" else "<td>"  # noqa: E731
+    tr = "".join(f"<tr{rid(r)}>" + "".join(f"{td(c)}{inline(c)}</td>" for c in r) + "</tr>" for r in body)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{tr}</tbody></table>"
 
 

@@ -205,6 +205,8 @@ def build(res: T.Results) -> Model:
         r = {k: v for k, v in r.items() if not k.startswith("_")}
         r["id"] = SEL.stable_id(r["dataset"], r["method"] + r["variant"], r["harm"], r["setting"], r["adversary"])
         r["bytes"] = f(float(by[g])) if g in by else ""
+        ref = g if g[1] == res.reference else SEL.reference_group(res, g)
+        r["bytes_vs_ref"] = f"{100 * by[g] / by[ref]:.1f}" if g in by and by.get(ref) else ""
         if c is not None:
             r |= dict(comparison=c.id, reference=res.label(c.b) + (f" {c.channel_b}" if c.within else ""),
                       diff_ref=f(c.diff), diff_ref_ci_low=f(c.lo), diff_ref_ci_high=f(c.hi), diff_n=c.n,

@@ -20,10 +20,16 @@ import re
 import textwrap
 
 from . import tables as T
-from .formatting import human_bytes, words
+from .formatting import human_bytes, md_text, num
+from .formatting import words as _words
 from .model import WHOLE, Cell, Model
 
 MAX_WORDS = 45
+
+
+def words(x: str) -> str:
+    """A name in words, escaped: a label from a run folder never becomes markup on page one."""
+    return md_text(_words(x), 60)
 
 
 def link(c: Cell) -> str:
@@ -49,7 +55,8 @@ def _fit(parts: list[str]) -> str:
     for p in parts[1:]:
         if len((out + p).split()) <= MAX_WORDS:
             out += p
-    return out.rstrip(" ,") + "."
+    out = out.rstrip(" ,") + "."
+    return out[:1].upper() + out[1:]
 
 
 def _at(m: Model, cmp) -> Cell | None:
@@ -148,21 +155,21 @@ def _settings(m: Model, g: tuple) -> list[str]:
 def membership(m: Model) -> str | None:
     cs = [c for c in m.cells if c.harm == "membership" and c.setting == "" and c.measurable]
     if not cs:
-        return "No membership attack ran in this job, so membership is not attacked here, which is not the same as no leak."
+        return ("No membership attack ran in this job, so membership is not attacked here, which is not the same "
+                "as no leak.")
     tpr = lambda c: c.row.get("tpr@0.01fpr")  # noqa: E731
     with_tpr = [c for c in cs if tpr(c) not in ("", None)]
     if not with_tpr:
         c = max(cs, key=lambda c: c.value)
-        return _fit([f"Membership AUC is at most {iv(c.value, c.lo, c.hi)} against {c.baseline:.2f} for "
+        return _fit([f"Membership AUC is at most {iv(c.value, c.lo, c.hi, d=3)} against {c.baseline:.3f} for "
                      f"{words(c.method)} on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}",
                      ", and the pools are too small to read a true-positive rate at 1% false positives"])
     c = max(with_tpr, key=lambda c: float(tpr(c)))
     r = c.row
-    t = iv(float(r["tpr@0.01fpr"]), float(r["tpr@0.01fpr_ci_low"] or "nan"), float(r["tpr@0.01fpr_ci_high"] or "nan"),
-           d=3)
-    return _fit([f"Membership inference reaches a true-positive rate of {t} at 1% false positives against 0.010 by "
-                 f"chance, for {words(c.method)} on {words(c.group[0])} ({runs(c)}) {link(c)}",
-                 f", with AUC {iv(c.value, c.lo, c.hi, d=3)} ({c.state})"])
+    t = iv(float(r["tpr@0.01fpr"]), num(r["tpr@0.01fpr_ci_low"]), num(r["tpr@0.01fpr_ci_high"]), d=3)
+    return _fit([f"Membership inference finds {t} of members at 1% false positives (chance: 1%) for "
+                 f"{words(c.method)} on {words(c.group[0])}, with AUC {iv(c.value, c.lo, c.hi, d=3)} against "
+                 f"{c.baseline:.3f} ({runs(c)}, {c.state}) {link(c)}"])
 
 
 def accuracy(m: Model) -> str | None:
@@ -195,20 +202,20 @@ def _late(m: Model, parts: list[str]) -> str:
 
 
 def traffic(m: Model) -> str | None:
+    """The method that sends most against the reference method, on the whole-domain families (bytes and the
+    percentage are both scorecard.csv columns of the two accuracy rows linked)."""
     pct = []
     for g in m.groups():
         ref = next((h for h in m.groups(g[0]) if h[1] == m.reference), None)
-        acc = m.main(g, "accuracy")
-        if ref and ref != g and g in m.bytes and ref in m.bytes and acc and not m.sized(g[0]):
-            pct.append((100 * m.bytes[g] / m.bytes[ref], g, acc, ref))
+        acc, racc = m.main(g, "accuracy"), ref and m.main(ref, "accuracy")
+        if ref and ref != g and acc and racc and acc.row.get("bytes_vs_ref") and not m.sized(g[0]):
+            pct.append((float(acc.row["bytes_vs_ref"]), g, acc, racc))
     if not pct:
         return None
-    p, g, acc, ref = max(pct, key=lambda t: t[0])
-    lo = min(t[0] for t in pct)
-    return _fit([f"{words(g[1] + g[2])} sends {human_bytes(m.bytes[g])} per run on {words(g[0])}, {p:.0f}% of "
-                 f"{words(m.reference)}'s {human_bytes(m.bytes[ref])} {link(acc)}",
-                 f", and every method sends {lo:.0f}% to {p:.0f}% of {words(m.reference)}'s bytes" if len(pct) > 1
-                 else ""])
+    p, g, acc, racc = max(pct, key=lambda t: t[0])
+    return _fit([f"{words(m.reference)} sends {human_bytes(m.bytes[racc.group])} per run on {words(g[0])} "
+                 f"({runs(racc)}) {link(racc)}, and {words(g[1] + g[2])} sends {human_bytes(m.bytes[g])}, "
+                 f"{p:.0f}% of that ({runs(acc)}) {link(acc)}"])
 
 
 def sentences(m: Model) -> list[str]:

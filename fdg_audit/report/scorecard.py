@@ -83,7 +83,7 @@ FIELDS = ["id", "dataset", "method", "variant", "epsilon", "harm", "setting", "a
           "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.01fpr_ci_low",
           "tpr@0.01fpr_ci_high", "tpr@0.001fpr", "tpr@0.001fpr_ci_low", "tpr@0.001fpr_ci_high",
           "victim_auc_median", "victim_auc_min", "victim_auc_max", "victims_clear", "control",
-          "selection", "n_items", "converged", "bytes"]
+          "selection", "n_items", "converged", "bytes", "bytes_vs_ref"]
 
 
 def _stat_base(bases: list) -> tuple:

@@ -1,0 +1,77 @@
+"""Page one (issue 46): at most five plain sentences, each number traceable to its scorecard row, one comparison one
+p-value and one call in every view; on the committed example report of the main job and on a report written here."""
+import csv
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pageone_check import LINK, disagreements, page_one, untraced
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "example-report"
+
+
+def plain(folder: Path) -> list[str]:
+    """What is wrong with page one's form: more than five sentences, a sentence over 45 words, a code identifier
+    (a token with an underscore), a semicolon, report.md before its appendix over 5,000 words."""
+    md = (folder / "report.md").read_text()
+    said, bad = page_one(md), []
+    if not 1 <= len(said) <= 5:
+        bad.append(f"{len(said)} sentences")
+    for s in said:
+        words = LINK.sub("", s).split()
+        bad += [f"{len(words)} words: {s}"] if len(words) > 45 else []
+        bad += [f"identifier: {w}" for w in words if "_" in w]
+        bad += [f"semicolon: {s}"] if ";" in s else []
+    front = md.split("\n## Appendix", 1)[0]
+    if len(front.split()) > 5000:
+        bad.append(f"report.md before its appendix: {len(front.split())} words")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A report of a hand-made folder: two methods, two targets, three seeds, a membership attack."""
+    from test_report import fabricate
+
+    from fdg_audit.report import write_report
+    d = tmp_path_factory.mktemp("p1")
+    root = fabricate(d / "r")
+    write_report([root], d / "out")
+    return d / "out"
+
+
+@pytest.mark.parametrize("where", ["example", "written"])
+def test_page_one_is_five_plain_sentences_whose_numbers_are_scorecard_rows(where, request):
+    folder = EXAMPLE if where == "example" else request.getfixturevalue("written")
+    assert plain(folder) == []
+    assert untraced(folder) == []
+    assert disagreements(folder) == []
+    said = page_one((folder / "report.md").read_text())
+    assert all(LINK.search(s) for s in said if re.search(r"\d\.\d", s))   # a sentence with a measurement links
+
+
+def test_the_checks_fail_when_a_view_differs(tmp_path):
+    """The same checks on a copy of the example whose scorecard.csv changed one linked number, and whose
+    comparisons.csv changed one call: both are found."""
+    shutil.copytree(EXAMPLE, tmp_path / "x")
+    folder = tmp_path / "x"
+    with open(folder / "scorecard.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    linked = LINK.findall(" ".join(page_one((folder / "report.md").read_text())))
+    r = next(r for r in rows if r["id"] in linked and r["value"])
+    r["value"], r["ci_low"] = f"{float(r['value']) + 0.111:.6g}", f"{float(r['ci_low'] or 0) - 0.111:.6g}"
+    with open(folder / "scorecard.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert any(x.startswith(r["id"]) for x in untraced(folder))
+    with open(folder / "comparisons.csv", newline="") as f:
+        comps = list(csv.DictReader(f))
+    comps[0]["call"] = "borderline" if comps[0]["call"] != "borderline" else "inconclusive"
+    with open(folder / "comparisons.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(comps[0]))
+        w.writeheader()
+        w.writerows(comps)
+    assert any(x.startswith(comps[0]["id"]) for x in disagreements(folder))
