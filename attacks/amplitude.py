@@ -441,6 +441,7 @@ class PhaseRetrieval(_BankAttack):
             done += [(*j, "learned", r, int(its.max()), float(cpu.sum()), self.rule(learned=True))
                      for j, r, its, cpu in zip(learned, rec, *(c.split(sizes) for c in self.cost))]
         for victim, rnd, rows, a, v, r, its, cpu, rule in done:   # baseline: the flat image at the un-noised DC term
+            r = r.clamp(0, 1)   # the pixels' contract: rounding can leave -3e-8
             outs.append(Reconstruction(victim, KIND, rnd, r, truth=records.AMP, rows=rows, aligned=True, variant=v,
                                        flat_baseline=True, iterations=its, cpu_seconds=cpu, plateau=rule))
         return outs
