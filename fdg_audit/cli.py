@@ -45,6 +45,7 @@ USAGE = """usage: python -m fdg_audit COMMAND ...
   attack RUN_DIR [--attacks NAME ...] [--trust-plugins] [--in-process]
                                         re-run attacks on a finished run folder
   report RUN_DIR [RUN_DIR ...]          aggregate run folders into report.md + plots
+  answer REPORT_DIR                     print a report's page one as markdown (the README's answer)
   plugins                               list methods and attacks and where they come from
   new-method NAME | new-attack NAME     write a plugin package to start from (entry point and test)"""
 
@@ -110,6 +111,11 @@ def main(argv=None) -> int:
             a = ArgumentParser(ReportArgs, prog="fdg_audit report").parse_args(rest)
             from .report import write_report
             print(f"report: {write_report(a.run_dirs, a.out or a.run_dirs[0])}")
+        elif cmd == "answer":
+            from .report.pageone import answer_md
+            if len(rest) != 1:
+                raise UserError("answer takes one report folder, e.g. python -m fdg_audit answer docs/example-report")
+            print(answer_md(rest[0]))
         elif cmd == "plugins":
             print(describe())
         elif cmd in ("new-method", "new-attack"):

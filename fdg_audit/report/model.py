@@ -175,11 +175,15 @@ def _comparison(c: dict) -> Comparison:
                       hi=float(c["hi"]), n=int(c["n"]), p_holm=float(c["p_holm"]), call=c["call"])
 
 
-def _own(r: dict, comps: list[Comparison], ref_of) -> Comparison | None:
+def _own(r: dict, comps: list[Comparison], ref_of, card: dict) -> Comparison | None:
     """The comparison a scorecard row shows: it is A, and B is the reference method's cell at the same harm,
-    adversary and setting (a channel's cell: its method's other channel)."""
+    adversary and setting (a channel's cell: its method's other channel). None for a cell with a reading (below its
+    baseline, vacuous, not resolvable: the legend's rule) and between cells of different priors."""
     g = (r["dataset"], r["method"], r["variant"])
     ch = SEL.channel_of(r["setting"])
+    ref = card.get((ref_of(g), r["harm"], r["setting"], r["adversary"]))
+    if (r.get("reading") and r["harm"] != "accuracy") or (ref and ref.get("prior") != r.get("prior") and not ch):
+        return None
     for c in comps:
         if c.a != g or (c.harm, c.adversary) != (r["harm"], r["adversary"]):
             continue
@@ -199,9 +203,10 @@ def build(res: T.Results) -> Model:
     by = {g: b["total"] for g, b in bytes_table(res.envelopes, res.ok).items()}
     f = SEL._fmt
     cells = []
+    key = {((r["dataset"], r["method"], r["variant"]), r["harm"], r["setting"], r["adversary"]): r for r in card}
     for r in card:
         g = (r["dataset"], r["method"], r["variant"])
-        c = _own(r, comps, lambda g: SEL.reference_group(res, g))
+        c = _own(r, comps, lambda g: SEL.reference_group(res, g), key)
         r = {k: v for k, v in r.items() if not k.startswith("_")}
         r["id"] = SEL.stable_id(r["dataset"], r["method"] + r["variant"], r["harm"], r["setting"], r["adversary"])
         r["bytes"] = f(float(by[g])) if g in by else ""

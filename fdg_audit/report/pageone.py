@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 
+from ..errors import UserError
 from . import tables as T
 from .formatting import human_bytes, md_text, num
 from .formatting import words as _words
@@ -65,7 +67,7 @@ def _at(m: Model, cmp) -> Cell | None:
 
 
 def bank_vs_weights(m: Model) -> str | None:
-    within = [c for c in m.comparisons if c.within and c.harm == "reconstruction"]
+    within = [c for c in m.comparisons if c.within and c.harm == "reconstruction" and _at(m, c)]
     if not within:
         return None
     g = max({c.a for c in within}, key=lambda g: sum(c.a == g for c in within))
@@ -240,6 +242,18 @@ def page_one_md(m: Model, figure: str | None, strips: list[str]) -> list[str]:
         md += [" ".join(f"![truth and reconstruction, {words(s.split('.')[0])}](plots/{s})" for s in strips), "",
                "Top row: the victim's images, bottom row: the reconstruction, one strip per channel.", ""]
     return md
+
+
+def answer_md(folder: str) -> str:
+    """Page one's sentences of a written report, one bullet each, links pointing into ``folder/report.md``."""
+    path = Path(folder) / "report.md"
+    text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    if "## The answer" not in text:
+        raise UserError(f"{path} is not a report with a page one: give the folder `fdg_audit report` wrote")
+    body = text.split("## The answer", 1)[1].split("\n\n", 2)[1]
+    said = re.split(r"(?<=\.)\s+(?=[A-Z])", body.strip())
+    rel = Path(folder).as_posix().rstrip("/")
+    return "\n".join("- " + s.replace("](#", f"]({rel}/report.md#") for s in said)
 
 
 def page_one_text(m: Model, figure: str | None) -> str:
