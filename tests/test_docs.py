@@ -37,3 +37,12 @@ def test_the_citation_pattern_finds_bare_and_docs_citations():
 
 def test_readme_fits_in_250_lines():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_readme_answer_is_the_example_reports_page_one(monkeypatch):
+    """README's answer is printed from the example report (`python -m fdg_audit answer docs/example-report`), so it
+    cannot drift from the report it cites."""
+    from fdg_audit.report.pageone import answer_md
+    monkeypatch.chdir(ROOT)
+    said = answer_md("docs/example-report")
+    assert said.count("\n- ") >= 2 and said in (ROOT / "README.md").read_text()

@@ -43,6 +43,8 @@ def test_named_scenario_runs_small(tmp_path, capsys):
     # method's attacks at both sizes
     out = (root / "report.md").read_text()
     assert [line for line in out.splitlines() if line.startswith("## ")][:2] == ["## The answer", "## Privacy scorecard"]
+    from pageone_check import disagreements, untraced
+    assert untraced(root) == [] and disagreements(root) == []      # page one's numbers are its rows'; one call each
     import csv
     with open(root / "scorecard.csv", newline="") as f:
         card = list(csv.DictReader(f))
