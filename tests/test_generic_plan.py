@@ -5,6 +5,7 @@ import pytest
 from fdg_audit.api import UserError
 from fdg_audit.scenario import load_raw, parse
 from conftest import tiny_scenario
+from test_trust import copy, root  # noqa: F401  (fixtures: a finished run folder and a copy)
 
 
 def test_set_exclude_works_on_the_short_form(tmp_path):
@@ -72,3 +73,25 @@ def test_new_method_and_new_attack_write_packages_that_work(tmp_path, monkeypatc
     assert KIND in {e.kind for e in led.envelopes} <= set(ZzMethod.kinds)
     assert all(c.passed for c in ZzAttack().control())
     sys.modules.pop("zz_method", None), sys.modules.pop("zz_attack", None)
+
+
+def test_started_from_the_clone_without_its_dependencies_is_one_line():
+    """``python -m fdg_audit`` from the clone's folder before installing (here: no site-packages, so no dependency)
+    ended in an ImportError traceback; now one line that says to install it, exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    clone = Path(__import__("fdg_audit").__file__).parents[1]
+    p = subprocess.run([sys.executable, "-S", "-m", "fdg_audit", "plugins"], cwd=clone, capture_output=True,
+                       text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.stderr.startswith("error: fdg_audit cannot start") and "pip install" in p.stderr, p.stderr
+
+
+def test_attack_says_that_report_md_is_not_updated(copy, capsys):  # noqa: F811
+    """``attack`` re-scores a folder but leaves report.md as it was: its last line says so and names the command."""
+    import shlex
+    from fdg_audit.cli import main
+    assert main(["attack", str(copy), "--attacks", "dataset_size", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"report.md not updated: python -m fdg_audit report {shlex.quote(str(copy))}" in out, out

@@ -10,7 +10,8 @@
 
 Under bubblewrap, /tmp and /dev/shm are tmpfs mounts of at most ``attack_memory_gb / 4`` each (fdg_audit/audit/bwrap.py),
 the root and /dev are read-only: the job's memory is at most 1.5 x attack_memory_gb beyond its start. Without
-bubblewrap, /tmp and /dev/shm are the host's: files there are bounded per file only (README, "Limits").
+bubblewrap, /tmp and /dev/shm are the host's: files there are bounded per file only; so are the view folder's in
+either mode (docs/threat-models.md, "Limits").
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import struct
 
 MAX_FILE = 2 ** 31   # bytes of one file a job writes (its result.npz is at most transport.MAX_RESULT)
 
-# (audit arch, syscall numbers) of the architectures the filter knows; elsewhere no process limit (README)
+# (audit arch, syscall numbers) of the architectures the filter knows; elsewhere no process limit (docs/threat-models.md)
 _ARCH = {"x86_64": (0xC000003E, dict(clone=56, clone3=435, fork=57, vfork=58, shmget=29, memfd_create=319)),
          "aarch64": (0xC00000B7, dict(clone=220, clone3=435, shmget=194, memfd_create=279))}
 _CLONE_THREAD = 0x00010000

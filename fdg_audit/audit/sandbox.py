@@ -28,8 +28,8 @@ harness's stderr), and the result must carry the job's nonce (tests/test_hostile
 another, or leaves anything to the next, reaches nothing). Every job runs confined (fdg_audit/audit/confine.py:
 memory as address space, no new process, file sizes), in either mode.
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
-that searches the file system on its own (outside the API) could still open files that user can read, and write
-files to the host's /tmp and /dev/shm (each at most 2 GB); there the boundary is the API and the process, not an OS
+that searches the file system on its own (outside the API) could still open files that user can read or write
+(each file it writes at most 2 GB, any number, counted by no memory limit); there the boundary is the API and the process, not an OS
 sandbox. "bwrap" insists. ``isolate=False`` (``attack
 --in-process``) runs the attack inside the harness for debugging: there the view's messages hold the whole ledger and
 the process holds the truth, so nothing is enforced. View folders are created private to the user (0700) and removed
