@@ -1,14 +1,14 @@
 """The example's FedAvg recorded through Flower against the same FedAvg run natively, seed by seed (issue 49, item 5).
 
-    python examples/flower_fedavg/run.py --out runs/flower_fedavg --strategies fedavg
-    python -m fdg_audit scenario examples/flower_fedavg/native.toml --out runs/flower_native
-    python -m fdg_audit attack runs/flower_native/flower_fedavg_native/<time>    # if the scenario did not attack it
+    python examples/flower_fedavg/run.py --out runs/flower_fedavg --strategies fedavg      # records and attacks
+    python -m fdg_audit scenario examples/flower_fedavg/native.toml --out runs/flower_native   # trains and attacks
     python examples/flower_fedavg/equivalence.py runs/flower_fedavg runs/flower_native/flower_fedavg_native/<time>
 
 Weights: for each seed (its own data draw) and round, the largest absolute difference between the native and the
 Flower payload of every (sender, receiver) weights envelope, and how many are the same bytes. Leakage: every cell
 (attack, victim, round, metric) both folders scored, its mean over seeds in each with a 95% Student-t interval, and
-the paired difference (Flower - native) with its interval; n is printed (below 3 seeds: not testable).
+the paired difference (Flower - native) with its interval; n is printed (below 3 seeds: not testable). A seed
+whose Flower folder is missing or not attacked yet is said and left out.
 """
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ def main(argv=None) -> None:
     for r in sorted(runs, key=lambda r: r["seed"]):
         seed, run = r["seed"], r["run"]
         froot = Path(a.flower) / f"fedavg_s{seed}"
+        if not (froot / "summary.json").exists():
+            print(f"seed {seed}: no recorded Flower run in {froot}")
+            continue
         w = compare_weights(froot, native, run)
         same = sum(v[0] for v in w.values())
         total = sum(v[1] for v in w.values())
@@ -73,6 +76,9 @@ def main(argv=None) -> None:
         print(f"seed {seed}: weights envelopes same bytes {same}/{total} (round 1: {w[1][0]}/{w[1][1]}); "
               f"max |native - flower| round 2 {worst.get(2, 0):.2e}, round 10 {worst.get(10, 0):.2e}, "
               f"last round {worst[max(worst)]:.2e}")
+        if not (froot / "leakage.csv").exists():
+            print(f"seed {seed}: {froot} is not attacked yet (python -m fdg_audit attack {froot})")
+            continue
         fl_rows = list(csv.DictReader(open(froot / "leakage.csv")))
         x, y = cells(nat_rows, run), cells(fl_rows, run)
         for c in sorted(set(x) & set(y)):
