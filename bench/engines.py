@@ -34,8 +34,8 @@ LR, BATCH = 0.02, 32
 def workload(data):
     target = data.domain("rot0")
     sources = [d for d in data.domains if d.name != "rot0"]
-    val = fed._cat([d.val for d in sources])
-    tgt = fed._cat([target.train, target.val])
+    val = fed.cat_splits([d.val for d in sources])
+    tgt = fed.cat_splits([target.train, target.val])
     return sources, val, tgt
 
 

@@ -7,8 +7,8 @@ app without the recorder: 30 rounds of FedAvg on Flower's simulation engine, 4 c
 run-folder files). "Without": the same ClientApp and ServerApp with none of them. Both keep the same central
 evaluation every round (the recorder's evaluate_fn). The time is the federation's, in the ServerApp: from the first
 call of evaluate_fn (round 0, before round 1) to the end of the last round (with the recorder: the end of finish());
-Ray's start and stop are left out (the same for both, seconds per simulation). Runs alternate (with, without, with,
-...), so a loaded machine slows both alike; each pair's ratio is printed, then their median, range and a 95%
+Ray's start and stop are left out (the same for both, seconds per simulation). Runs alternate (with, without,
+without, with, ...: each pair's order flips), so a loaded machine slows both alike; each pair's ratio is printed, then their median, range and a 95%
 Student-t interval of the mean ratio over pairs. Target: below 1.25.
 """
 import argparse
@@ -63,8 +63,9 @@ def main() -> None:
     ratios = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            w = once(True, args, Path(tmp) / f"with{i}")
-            wo = once(False, args, Path(tmp) / f"without{i}")
+            first = i % 2 == 0   # with first in even pairs, without first in odd ones: neither order is favoured
+            t = {r: once(r, args, Path(tmp) / f"{r}{i}") for r in ((True, False) if first else (False, True))}
+            w, wo = t[True], t[False]
             ratios.append(w / wo)
             print(f"pair {i + 1}: with the recorder {w:.1f} s, without {wo:.1f} s, ratio {w / wo:.3f}", flush=True)
     n = len(ratios)

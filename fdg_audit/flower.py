@@ -56,8 +56,8 @@ from .report.traffic import bytes_summary
 from .scenario import dump_toml, parse
 from .store.ledger import Ledger, atomic_write, load_npz, npz_bytes
 from .store.runfolder import RunFolder, RunInfo
-from .train.federation import _cat, select_round
-from .train.runs import _git_commit, _write_csv
+from .train.federation import cat_splits, select_round
+from .train.runs import git_commit, write_csv
 
 try:
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -289,8 +289,8 @@ class FlowerRecorder:
             net.load_state_dict(arrays.to_torch_state_dict())
             sources = [x for x in d.domains if x.name != self.target]
             tgt = d.domain(self.target)
-            row.update(source_val_acc=accuracy(net, _cat([x.val for x in sources]), "cpu"),
-                       target_acc=accuracy(net, _cat([tgt.train, tgt.val]), "cpu"))
+            row.update(source_val_acc=accuracy(net, cat_splits([x.val for x in sources]), "cpu"),
+                       target_acc=accuracy(net, cat_splits([tgt.train, tgt.val]), "cpu"))
         self.history.append(row)
         return MetricRecord({k: v for k, v in row.items() if k.endswith("_acc")}) if server_round > 0 else None
 
@@ -325,7 +325,7 @@ class FlowerRecorder:
         summary = {"scenario": self.raw["name"], "reference": info.method, "runs": runs,
                    "bytes": bytes_summary((dataclasses.asdict(e) for e in self.ledger.stream()), runs)}
         keys = ("run", "dataset", "method", "variant", "target", "seed")
-        _write_csv(root / "metrics.csv", [{k: runs[0][k] for k in keys} | h for h in self.history])
+        write_csv(root / "metrics.csv", [{k: runs[0][k] for k in keys} | h for h in self.history])
         atomic_write(root / "truth" / "secrets.json", json.dumps({"0": int(self.data.split_seed)}))
         atomic_write(root / "config.resolved.toml", dump_toml(self.raw))
         atomic_write(root / "manifest.json", json.dumps(self._manifest(), indent=1))
@@ -335,7 +335,7 @@ class FlowerRecorder:
     def _manifest(self) -> dict:
         from flwr import __version__ as flwr_version   # noqa: PLC0415
         return {"scenario": self.raw["name"], "source": "flower", "sets": [], "fdg_audit": __version__,
-                "commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
+                "commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
                 "numpy": np.__version__, "flwr": flwr_version, "seeds": [self.seed], "runs": [self.run_id],
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "preview": False, "resumed_with": []}
 

@@ -106,15 +106,26 @@ def test_ledger_bytes_are_the_arrays_flower_sent(recorded):
     assert {"weights", "amplitude_bank", "n_samples", "config", "metric"} <= kinds
 
 
-def test_native_and_flower_fedavg_send_the_same_weights(recorded):
-    """The same FedAvg (data, seeds, clients) run natively: the broadcast and the uploads of round 1 are the same
-    bytes; round 2 agrees within float tolerance (Flower averages in float32, native FedAvg in float64)."""
+def flower_run(root: Path, seed: int, bank: bool) -> FlowerRecorder:
+    """A recorded (not attacked) ROUNDS-round Flower run of the example at ``seed`` (its own data draw)."""
+    rec = example.recorder(root, seed, bank, ROUNDS, SPLIT_SEED)
+    example.simulate(rec, bank)
+    return rec
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_native_and_flower_fedavg_send_the_same_weights(recorded, tmp_path, seed):
+    """The same FedAvg (data, seeds, clients) run natively, at three seeds (each its own data draw and model): the
+    broadcast and the uploads of round 1 are the same bytes; round 2 agrees within float tolerance (Flower averages
+    in float32, native FedAvg in float64). Seed 0 is the recorded run above (FedAvg + bank: the bank stays out of the
+    average), seeds 1 and 2 plain FedAvg."""
     from fdg_audit.protocol import load_method
     from fdg_audit.train.federation import RunSpec, run_federation
-    root, rec = recorded
+    root, rec = recorded if seed == SEED else (tmp_path / "run", None)
+    rec = rec or flower_run(root, seed, bank=False)
     native = MemoryLedger()
     spec = RunSpec(rec.run_id, "fedavg", load_method("fedavg").Params(**dict(example.SETTINGS, rounds=ROUNDS)),
-                   rec.data, rec.model, rec.target, SEED, threads=1)
+                   rec.data, rec.model, rec.target, seed, threads=1)
     run_federation(spec, native)
     flower = Ledger.open(root)
     key = lambda e: (e.round, e.sender, e.receiver)  # noqa: E731

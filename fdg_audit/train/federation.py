@@ -43,7 +43,7 @@ from ..privacy import build_filters
 from .ray_engine import RayWorkers
 from .settings import check_participation, cohort_on
 
-def _cat(splits: list[Split]) -> Split:
+def cat_splits(splits: list[Split]) -> Split:
     return Split(torch.cat([s.x for s in splits]), torch.cat([s.y for s in splits]),
                  np.concatenate([s.idx for s in splits]))
 
@@ -158,7 +158,7 @@ def run_federation(spec: RunSpec, ledger, data: DomainSet | None = None, on_roun
         pre = pretrain_public(spec, data) if spec.model_cfg.pretrain_epochs else None
         server = method.Server(dict(base, id="server", party=0, clients=cids, link=link, public=pub, pretrained=pre))
         val, tgt = (Split(s.x.to(spec.device), s.y.to(spec.device), s.idx)   # evaluation data stays on the device
-                    for s in (_cat([d.val for d in sources]), _cat([target.train, target.val])))
+                    for s in (cat_splits([d.val for d in sources]), cat_splits([target.train, target.val])))
         history = _rounds(spec, server, bus, seq, cids, fraction, val, tgt, on_round)
     finally:
         link.close()

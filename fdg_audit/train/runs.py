@@ -58,7 +58,7 @@ class Progress:
             self.bar.close()
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=5).stdout.strip()
@@ -153,7 +153,7 @@ def train_runs(runs: list[dict], resolved: str, keys: dict, path: str, sets: lis
     atomic_write(root / "config.resolved.toml", resolved)
     atomic_write(root / "manifest.json", json.dumps({
         "scenario": sc0.name, "source": str(path), "sets": list(sets), "fdg_audit": __version__,
-        "commit": _git_commit(), "python": platform.python_version(), "torch": torch.__version__,
+        "commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
         "numpy": np.__version__, "seeds": sc0.seeds, "config_sha256": hashlib.sha256(resolved.encode()).hexdigest(),
         "runs": [r["run_id"] for r in runs], "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "preview": preview,
         "resumed_with": sorted(done)}, indent=1))
@@ -198,7 +198,7 @@ def _train_all(runs: list[dict], root: Path, ledger: Ledger, done: dict, rows_by
         for i, r, finish in results:
             infos[r["run_id"]] = finish(ledger, rows_by)
             summary["runs"] = [infos[x["run_id"]] for x in runs if x["run_id"] in infos]
-            _write_csv(root / "metrics.csv", [row for x in runs for row in rows_by.get(x["run_id"], [])])
+            write_csv(root / "metrics.csv", [row for x in runs for row in rows_by.get(x["run_id"], [])])
             atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
             if any(x["privacy"] for x in runs):
                 atomic_write(root / "privacy.csv", privacy_csv(ledger.stream()))
@@ -336,7 +336,7 @@ def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, qui
     return asdict(RunInfo(**info))   # the run's record in summary.json (fdg_audit.store.runfolder.RunInfo)
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=keys)
