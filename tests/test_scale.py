@@ -152,30 +152,13 @@ def test_ray_engine_ledger_equals_in_process(data, monkeypatch):
 
 def test_attacks_score_many_client_victims(run_toml):
     import csv
-    root = run_toml("""
-        name = "many"
-        report = false
-        [data]
-        dataset = "digits"
-        domains = ["rot0", "rot15", "rot30"]
-        targets = ["rot0"]
-        clients_per_domain = 3
-        [train]
-        rounds = 2
-        lr = 0.05
-        local_steps = 2
-        [[methods]]
-        name = "fedavg"
-        [[attacks]]
-        name = "mia_loss"
-        [[attacks]]
-        name = "mia_loss"
-        label = "mia_loss4"
-        max_victims = 4
-        [[attacks]]
-        name = "label_distribution"
-        max_victims = 4
-    """)
+    from conftest import tiny_scenario
+    root = run_toml(tiny_scenario(
+        name="many", threads=None, model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], clients_per_domain=3, per_domain=None),
+        train=dict(rounds=2, lr=0.05, local_steps=2, batch_size=None),
+        attacks=[dict(name="mia_loss"), dict(name="mia_loss", label="mia_loss4", max_victims=4),
+                 dict(name="label_distribution", max_victims=4)]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     clients = {f"rot{a}/{k}" for a in (15, 30) for k in range(3)}
     loss = [r for r in rows if r["attack"] == "mia_loss" and r["metric"] == "auc"]
