@@ -17,8 +17,8 @@ MAX_FUNCTION, MAX_MODULE = 60, 400
 MAX_LAYERS = 16    # import layers of the core (24 at 3cee758, 16 after issue 52)
 # Plugin modules and functions still over the limits (issue 52 split attacks/inversion.py; these are left to split):
 # an entry may shrink or go, never grow, and nothing may join it.
-OVERSIZE = {"attacks/amplitude.py": 646,   # 642 + the cost guard's estimate (issue 50)
-            "attacks/amplitude.py:retrieve": 61, "attacks/fedavg_leak.py:leak": 65,
+OVERSIZE = {"attacks/amplitude.py": 639,   # 642 before the cost guard's estimate (issue 50), trimmed in issue 52
+            "attacks/fedavg_leak.py:leak": 65,
             "attacks/membership.py": 526, "attacks/membership.py:references": 62, "methods/ccst.py": 423}
 KNOWN_CYCLES = []   # none: the last (report/scorecard.py <-> report/compare.py) went with report/select.py
 
