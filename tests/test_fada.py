@@ -157,7 +157,8 @@ def test_dynamic_attention_update_of_the_target_model(base):
 
 def test_participation_client_dp_and_the_report_label(run_toml):
     root = run_toml(tiny_scenario(
-        name=None, seeds=[0], model=None, data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot45"]),
+        name=None, seeds=[0], model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot45"]),
         train=dict(rounds=2, batch_size=8, local_steps=2, participation=0.5),
         privacy=dict(client=dict(clip=1.0, noise_multiplier=0.5)), methods=[dict(name="fada", feature_batches=1)]))
     led = Ledger.open(root)

@@ -85,7 +85,8 @@ def test_generator_leakage_controls_and_harness(run_toml, one_thread):
     cs = GeneratorLeakage(GeneratorLeakage.Params(decoder_steps=300)).control()
     assert [c.positive for c in cs] == [True, True, False] and all(c.passed for c in cs), cs
     root = run_toml(tiny_scenario(
-        name="adg", threads=None, model=None, data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot0"], per_domain=None),
+        name="adg", threads=None, model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot0"], per_domain=None),
         train=dict(rounds=2, lr=0.05, batch_size=None), methods=[dict(name="fedadg")],
         attacks=[dict(name="generator_leakage", decoder_steps=300)]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))

@@ -124,7 +124,8 @@ def test_controls_lira_rmia_with_two_references():
 
 def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
     root = run_toml(tiny_scenario(
-        name="mia", threads=None, model=None, data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], per_domain=None),
+        name="mia", threads=None, model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], per_domain=None),
         train=dict(rounds=2, lr=0.05, batch_size=None),
         attacks=[dict(name="mia_loss"), dict(name="mia_trajectory", target_model="global")]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))

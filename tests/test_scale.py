@@ -155,7 +155,8 @@ def test_attacks_score_many_client_victims(run_toml):
     from conftest import tiny_scenario
     root = run_toml(tiny_scenario(
         name="many", threads=None, model=None,
-        data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], clients_per_domain=3, per_domain=None),
+        data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], clients_per_domain=3,
+                  per_domain=None),
         train=dict(rounds=2, lr=0.05, local_steps=2, batch_size=None),
         attacks=[dict(name="mia_loss"), dict(name="mia_loss", label="mia_loss4", max_victims=4),
                  dict(name="label_distribution", max_victims=4)]))

@@ -1,8 +1,8 @@
 """The attack harness: plan which attack reads which run, build views, run workers, score, write the results.
 
 ``run_attacks(root, attack_cfgs)`` attacks every finished run of a run folder (``attack_cfgs``: the scenario's
-``AttackEntry``s as parsed, or their flat form ``{"name": ..., "label": ..., **params}``). It reads the runs from the folder's
-records (``RunInfo`` in summary.json, fdg_audit.store.runfolder) and never re-plans the scenario. Each attack is first
+``AttackEntry``s as parsed, or their flat form ``{"name": ..., "label": ..., **params}``). It reads the runs from
+the folder's records (``RunInfo`` in summary.json, fdg_audit.store.runfolder) and never re-plans the scenario. Each attack is first
 described by a metadata probe in a throw-away worker (``describe``), so plugin code never runs in the harness;
 then its controls and every run it applies to run in worker processes on materialised views (fdg_audit.audit.sandbox),
 ``parallel`` at a time, each within the folder's ``attack_timeout`` and ``attack_memory_gb``. What a worker returns
