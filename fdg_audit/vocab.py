@@ -78,7 +78,9 @@ class AttackParams:
        ``attack_updates`` -> ``attacks/unroll.py:invert_many``, whose loop runs ``p.iterations`` steps at most).
 
     Functions between them (``runner.run_scenario``, ``harness.run_attacks``, the sandbox) carry the entry or job
-    spec without opening it; tests/test_param_path.py fails if a step reshapes or re-checks it."""
+    spec without opening it (before issue 52 the runner flattened the entry and the harness rebuilt the Params: 6
+    hops); tests/test_param_path.py fails if a step between reshapes the params or the worker and the harness stop
+    building an attack alike."""
     as_client: str = ""           # the curious client for adversary "client" (default: the first client)
     max_victims: int = 0          # 0 = every victim the adversary can see
     targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)
