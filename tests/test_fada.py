@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import tiny_scenario
 from fdg_audit.api.method import Client, MethodPlugin, Reply, Server, TrainParams, load_arrays
 from fdg_audit.bus import decode
 from fdg_audit.data import DataConfig, Domain, Split, load_data
