@@ -150,8 +150,7 @@ def retrieve(amp: torch.Tensor, support: torch.Tensor | None = None, background:
     iterations, then ER until the next plateau, ``er`` more iterations or every restart's residual below ``tol``;
     a finished image stays as it is while the others run. ``init`` (B, H, W) replaces the random start of the
     first restart."""
-    B, H, W = amp.shape
-    dev = amp.device
+    (B, H, W), dev = amp.shape, amp.device
     A = amp.repeat(restarts, 1, 1)                         # (R*B, H, W), restart-major
     if support is not None and support.dim() == 3:         # one mask per problem: repeat like the amplitudes
         support = support.repeat(restarts, 1, 1)
@@ -365,8 +364,7 @@ class PhaseRetrieval(_BankAttack):
     def attack_bank(self, amp: torch.Tensor, support, gen) -> torch.Tensor:
         """Images (N, C, H, W) from a bank (N, C, H, W) of full amplitudes; ``support``: None, one (H, W) mask, or
         one mask per image (N, H, W)."""
-        N, C, H, W = amp.shape
-        p = self.p
+        p, (N, C, H, W) = self.p, amp.shape
         if support is not None and support.dim() == 3:
             support = support.repeat_interleave(C, 0)
         g, _, plat = retrieve(amp.reshape(N * C, H, W), support, p.background, p.hio, p.er, p.restarts, p.beta, p.tol,
@@ -536,8 +534,7 @@ class Fingerprint(_BankAttack):
 def radial_profile(amp: torch.Tensor, shifted: bool) -> torch.Tensor:
     """Mean log(1 + A) per channel in integer radial-frequency bins: (N, C, h, w) -> (N, C * bins).
     ``shifted``: the spectrum is fftshifted (a window crop), else unshifted."""
-    N, C, h, w = amp.shape
-    dev = amp.device
+    (N, C, h, w), dev = amp.shape, amp.device
     fy = torch.arange(h, device=dev) - h // 2 if shifted else torch.fft.fftfreq(h, device=dev) * h
     fx = torch.arange(w, device=dev) - w // 2 if shifted else torch.fft.fftfreq(w, device=dev) * w
     r = (fy[:, None] ** 2 + fx[None, :] ** 2).sqrt().round().long().clamp(max=min(h, w) // 2).flatten()
@@ -561,10 +558,6 @@ def fit(x_train: np.ndarray, y_train: np.ndarray, c: float = 1.0):
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
     return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)).fit(x_train, y_train)
-
-
-def fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, c: float = 1.0) -> np.ndarray:
-    return fit(x_train, y_train, c).predict(x_test)
 
 
 @dataclass
@@ -641,7 +634,7 @@ class AttributeInference(_BankAttack):
             f = features(amplitude(x.to(self.device)), feat, (28, 28))
             for name, lab, thr, pos in (("synthetic separable attribute", attr, 0.9, True),
                                         ("random labels", rand, 0.65, False)):
-                pred = fit_predict(f[:n], lab[:n].numpy(), f[n:], self.p.c)
+                pred = fit(f[:n], lab[:n].numpy(), self.p.c).predict(f[n:])
                 out.append(Control(f"{feat}: {name}: balanced accuracy", "balanced_acc",
                                    M.balanced_accuracy(pred, lab[n:].numpy(), 2), thr, positive=pos))
         return out

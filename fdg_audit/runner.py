@@ -26,6 +26,7 @@ from .scenario import Scenario, dump_toml, load_raw, new_secrets, parse, plan, w
 from .store.ledger import atomic_write, read_secrets
 from .store.safe import read_in
 from .store.runfolder import RunFolder
+from .vocab import AttackEntry
 from .train.runs import train_runs
 
 __all__ = ["plan", "preview_of", "run_attacks_cli", "run_scenario"]
@@ -54,9 +55,9 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     runs = [dict(r, secret=str(r["dataset_index"]) if str(r["dataset_index"]) in keys else "")
             for r in plan(with_secrets(raw, keys))]
     sc0 = runs[0]["sc"]
-    attack_cfgs = [dict(name=a.name, label=a.label, **a.params) for a in sc0.attacks]
+    attack_cfgs = sc0.attacks   # AttackEntry as parsed: carried to the worker unopened (vocab.AttackParams)
     described = check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
-    check_filters(attack_cfgs, runs)
+    check_filters(described, runs)
     plan_coverage(runs, described, quiet)
     cost_guard(runs, described, sc0.attack_budget_s, yes, quiet)
     # the recorded configuration is without the secret split seeds: those go to truth/
@@ -120,24 +121,19 @@ def cost_guard(runs: list[dict], described: dict, budget: float, yes: bool = Fal
     return est
 
 
-def check_filters(attack_cfgs: list[dict], runs: list[dict]) -> None:
-    """Each attack's ``targets``, ``seeds`` and ``datasets`` name held-out domains, seeds and data sets of the plan."""
-    sc0 = runs[0]["sc"]
-    held_out = {r["target"] for r in runs}
-    for a in attack_cfgs:
-        if not isinstance(a.get("targets", []), list) or set(a.get("targets", [])) - held_out:
-            raise UserError(f"attacks.{a['label']}.targets = {a['targets']!r}: no run holds out "
-                            f"{sorted(set(a['targets']) - held_out) if isinstance(a['targets'], list) else a['targets']};"
-                            f" use held-out domains of this scenario ({', '.join(sorted(held_out))}) or []")
-    for a in attack_cfgs:
-        seeds = a.get("seeds", [])
-        if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds) or set(seeds) - set(sc0.seeds):
-            raise UserError(f"attacks.{a['label']}.seeds = {seeds!r}: give a list of this scenario's seeds "
-                            f"({sc0.seeds}) or []")
-        labels = {r["ds"].label for r in runs}
-        ds = a.get("datasets", [])
-        if not isinstance(ds, list) or set(ds) - labels:
-            raise UserError(f"attacks.{a['label']}.datasets = {ds!r}: give a list of this scenario's dataset labels "
+def check_filters(described: dict, runs: list[dict]) -> None:
+    """Each attack's ``targets``, ``seeds`` and ``datasets`` (its ``AttackParams``, built and checked in the probe's
+    worker and again on its answer) name held-out domains, seeds and data sets of the plan."""
+    held_out, seeds, labels = {r["target"] for r in runs}, runs[0]["sc"].seeds, {r["ds"].label for r in runs}
+    for label, d in described.items():
+        p, where = d.p, f"attacks.{label}"
+        if set(p.targets) - held_out:
+            raise UserError(f"{where}.targets = {p.targets!r}: no run holds out {sorted(set(p.targets) - held_out)}; "
+                            f"use held-out domains of this scenario ({', '.join(sorted(held_out))}) or []")
+        if set(p.seeds) - set(seeds):
+            raise UserError(f"{where}.seeds = {p.seeds!r}: give a list of this scenario's seeds ({seeds}) or []")
+        if set(p.datasets) - labels:
+            raise UserError(f"{where}.datasets = {p.datasets!r}: give a list of this scenario's dataset labels "
                             f"({', '.join(sorted(labels))}) or []")
 
 
@@ -150,11 +146,11 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
     with from_folder(root, allow=names, trust=trust):
         cfg = root / "config.resolved.toml"   # its attacks, and its parallel and threads settings
         sc = parse(load_raw(cfg)) if read_in(root, cfg) is not None or not names else Scenario()   # data first
-        conf = [dict(name=a.name, label=a.label, **a.params) for a in sc.attacks]
+        conf = sc.attacks
         # a name on the command line takes the folder's settings of the entry of that label (else of that name)
-        pick = lambda n: next((c for c in conf if c["label"] == n), None) or \
-            next((c for c in conf if c["name"] == n), None) or {"name": n}  # noqa: E731
-        cfgs = [pick(n) for n in names] if names else conf or [{"name": n} for n in sorted(available("attack"))]
+        pick = lambda n: next((c for c in conf if c.label == n), None) or \
+            next((c for c in conf if c.name == n), None) or AttackEntry(n)  # noqa: E731
+        cfgs = [pick(n) for n in names] if names else conf or [AttackEntry(n) for n in sorted(available("attack"))]
         out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
     cov = write_coverage(root)
     return (f"leakage: {out}; coverage: {cov}; report.md not updated: python -m fdg_audit report "

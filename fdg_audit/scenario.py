@@ -27,7 +27,7 @@ from .plugins import available
 from .protocol import load_method
 from .privacy import check_run, privacy_config
 from .train.ray_engine import ray_options
-from .vocab import SHARED
+from .vocab import SHARED, AttackEntry  # noqa: F401  (AttackEntry: the [[attacks]] table)
 import secrets
 
 
@@ -43,13 +43,6 @@ class MethodEntry:
     label: str = ""
     privacy: dict = field(default_factory=dict)  # keys replacing the scenario's [privacy] for this method
     params: dict = field(default_factory=dict)   # everything else in the [[methods]] table
-
-
-@dataclass
-class AttackEntry:
-    name: str
-    label: str = ""
-    params: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 what only names them (the report, the scenario parser, the harness's checks) loads nothing else: adversaries, aux
 kinds, image priors, capabilities, and ``AttackParams``, the fields every attack takes, with their defaults and
 checks in one place. ``attack_params`` builds them from a table, in the harness (the shared fields of a described
-attack) and in the attack worker (the plugin's ``Params``) alike.
+attack) and in the attack worker (the plugin's ``Params``) alike; ``AttackEntry`` is an [[attacks]] table as the
+scenario parser leaves it and the harness takes it.
 """
 from __future__ import annotations
 
@@ -40,10 +41,46 @@ def _names(v) -> bool:
 
 
 @dataclass
+class AttackEntry:
+    """One [[attacks]] table: ``name``, ``label`` and ``params`` (the rest of the table, as written: no default
+    filled in, nothing checked but by ``attack_params``). The scenario parser makes it and the harness takes it
+    unchanged; ``of`` also takes the flat form ``{"name": ..., "label": ..., **params}`` (a caller's own list)."""
+    name: str
+    label: str = ""
+    params: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg) -> "AttackEntry":
+        if isinstance(cfg, cls):
+            return cfg
+        cfg = dict(cfg)
+        return cls(cfg.pop("name"), cfg.pop("label", "") or "", cfg)
+
+
+@dataclass
 class AttackParams:
     """The fields every attack takes (a plugin's ``Params`` extends it), checked where they are built: the harness
     filters runs, picks the curious client, caps victims and salts the seed with them. A ``Params`` with a
-    ``__post_init__`` of its own calls ``super().__post_init__()``."""
+    ``__post_init__`` of its own calls ``super().__post_init__()``.
+
+    Every attack parameter, shared or the plugin's own, takes one path of 4 hops from the scenario to its use, e.g.
+    ``attacks.update_inversion.iterations``:
+
+    1. ``fdg_audit/scenario.py:parse``: the [[attacks]] table becomes an ``AttackEntry`` (``params`` as written);
+    2. ``fdg_audit/audit/checks.py:describe``: the entry becomes the worker's job spec (``params`` unchanged), the
+       same for the probe before any training (``check_attacks``) and for every run (``run_attacks``; a run adds
+       only its seed, ``salt``, beside the params);
+    3. ``fdg_audit/audit/worker.py:build`` (``attack_params`` below, then the plugin's ``__init__``): the ``Params``
+       built and checked, once, in the worker; an out-of-range value is a one-line error from the probe, before
+       any run. The harness checks the probe's answer with the same ``attack_params`` (shared fields), and an
+       attack built in the harness (``isolate = False``) goes through the same ``build``;
+    4. the attack's ``run`` reads ``self.p`` (inside the plugin: ``attacks/inversion.py:UpdateInversion.run`` ->
+       ``attack_updates`` -> ``attacks/unroll.py:invert_many``, whose loop runs ``p.iterations`` steps at most).
+
+    Functions between them (``runner.run_scenario``, ``harness.run_attacks``, the sandbox) carry the entry or job
+    spec without opening it (before issue 52 the runner flattened the entry and the harness rebuilt the Params: 6
+    hops); tests/test_param_path.py fails if a step between reshapes the params or the worker and the harness stop
+    building an attack alike."""
     as_client: str = ""           # the curious client for adversary "client" (default: the first client)
     max_victims: int = 0          # 0 = every victim the adversary can see
     targets: list = field(default_factory=list)   # attack only runs holding out these domains ([] = every run)

@@ -23,7 +23,7 @@ from fdg_audit.runner import run_scenario
 
 SEEN = []   # (view, aux) of every Spy.run call in this process
 
-from conftest import leakage_rows as rows
+from conftest import leakage_rows as rows, tiny_scenario
 
 
 class Spy(Attack):
@@ -67,24 +67,8 @@ class BadAux(Spy):
     aux = ("shadow_runs",)
 
 
-SCENARIO = """
-name = "fw"
-threads = 1
-report = false
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30", "rot45"]
-per_domain = 40
-targets = ["rot45"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 32
-[[methods]]
-name = "fedavg"
-"""
+SCENARIO = tiny_scenario(name="fw", data=dict(domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot45"]),
+                         train=dict(rounds=2, batch_size=32))
 HERE = __name__
 
 

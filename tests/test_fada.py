@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import tiny_scenario
 from fdg_audit.api.method import Client, MethodPlugin, Reply, Server, TrainParams, load_arrays
 from fdg_audit.bus import decode
 from fdg_audit.data import DataConfig, Domain, Split, load_data
@@ -156,27 +157,11 @@ def test_dynamic_attention_update_of_the_target_model(base):
 
 
 def test_participation_client_dp_and_the_report_label(run_toml):
-    root = run_toml("""
-        seeds = [0]
-        report = false
-        threads = 1
-        [data]
-        dataset = "digits"
-        domains = ["rot0", "rot15", "rot30", "rot45"]
-        targets = ["rot45"]
-        per_domain = 40
-        [train]
-        rounds = 2
-        batch_size = 8
-        local_steps = 2
-        participation = 0.5
-        [privacy.client]
-        clip = 1.0
-        noise_multiplier = 0.5
-        [[methods]]
-        name = "fada"
-        feature_batches = 1
-        """)
+    root = run_toml(tiny_scenario(
+        name=None, seeds=[0], model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot45"]),
+        train=dict(rounds=2, batch_size=8, local_steps=2, participation=0.5),
+        privacy=dict(client=dict(clip=1.0, noise_multiplier=0.5)), methods=[dict(name="fada", feature_batches=1)]))
     led = Ledger.open(root)
     for t in (1, 2):
         asked = {e.receiver for e in led.envelopes if (e.kind, e.sender, e.round) == ("weights", "server", t)}

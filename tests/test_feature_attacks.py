@@ -22,7 +22,7 @@ from fdg_audit.store.ledger import Ledger
 from fdg_audit.audit.scoring import Truth, build_aux
 from methods.fedavg import FedAvgClient, FedAvgServer, Params
 
-from conftest import leakage_rows as rows
+from conftest import leakage_rows as rows, tiny_scenario
 
 register_kind("features")
 
@@ -68,33 +68,11 @@ class StandIn(MethodPlugin):
 
 HERE = __name__
 ATK = {a.name: f"attacks.features:{a.__name__}" for a in (FeatureInversion, FeatureMembership, FeatureAttribute)}
-SCENARIO = f"""
-name = "feat"
-threads = 1
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30"]
-targets = ["rot30"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-batch_size = 32
-[[methods]]
-name = "{HERE}:StandIn"
-[[attacks]]
-name = "{ATK['feature_membership']}"
-label = "feature_membership"
-[[attacks]]
-name = "{ATK['feature_attribute']}"
-label = "feature_attribute"
-[[attacks]]
-name = "{ATK['feature_inversion']}"
-label = "feature_inversion"
-max_victims = 1
-epochs = 20
-"""
+SCENARIO = tiny_scenario(
+    name="feat", report=None, data=dict(domains=["rot0", "rot15", "rot30"], targets=["rot30"], per_domain=None),
+    train=dict(rounds=2, batch_size=32), methods=[dict(name=f"{HERE}:StandIn")],
+    attacks=[dict(name=ATK[k], label=k) for k in ("feature_membership", "feature_attribute")]
+    + [dict(name=ATK["feature_inversion"], label="feature_inversion", max_victims=1, epochs=20)])
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """FedADG: what crosses the bus, uniform aggregation, loss options; the generator-leakage attack."""
 import csv
 
+from conftest import tiny_scenario
+
 import numpy as np
 import pytest
 import torch
@@ -82,22 +84,11 @@ def test_generator_leakage_controls_and_harness(run_toml, one_thread):
     from attacks.generator import GeneratorLeakage
     cs = GeneratorLeakage(GeneratorLeakage.Params(decoder_steps=300)).control()
     assert [c.positive for c in cs] == [True, True, False] and all(c.passed for c in cs), cs
-    root = run_toml("""
-        name = "adg"
-        report = false
-        [data]
-        dataset = "digits"
-        domains = ["rot0", "rot15", "rot30", "rot45"]
-        targets = ["rot0"]
-        [train]
-        rounds = 2
-        lr = 0.05
-        [[methods]]
-        name = "fedadg"
-        [[attacks]]
-        name = "generator_leakage"
-        decoder_steps = 300
-    """)
+    root = run_toml(tiny_scenario(
+        name="adg", threads=None, model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot0"], per_domain=None),
+        train=dict(rounds=2, lr=0.05, batch_size=None), methods=[dict(name="fedadg")],
+        attacks=[dict(name="generator_leakage", decoder_steps=300)]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     dom = [r for r in rows if r["metric"] == "domain_balanced_acc"]
     assert {r["victim"] for r in dom} == {"rot15", "rot30", "rot45"}

@@ -30,7 +30,7 @@ def test_the_cost_guard_stops_over_budget_naming_the_knobs_and_yes_runs(run_toml
     f = tmp_path / "y.toml"
     f.write_text(text)
     runs = plan(load_raw(f))
-    described = check_attacks([dict(name=a.name, label=a.label, **a.params) for a in runs[0]["sc"].attacks])
+    described = check_attacks(runs[0]["sc"].attacks)
     est = cost_guard(runs, described, 0.5, yes=True, quiet=True)
     assert est["update_inversion"] > 0.5
     assert cost_guard(runs, described, 1e9, quiet=True) == est

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from attacks.inversion import (Params, Protocol, UpdateInversion, _BNStats, clip_of, cosine_loss, grad_sum,
                                recover_labels, schedule, simulate)
 from attacks.labels import round_to_total
+from conftest import tiny_scenario
 from fdg_audit.api.attack import AdversaryView, Aux, Reconstruction
 from fdg_audit.audit.harness import load_runs
 from fdg_audit.bus import Payload
@@ -157,34 +158,15 @@ def test_clipped_parties_reproduce_the_mean_of_clipped_updates():
     assert clipped < 1e-6 and plain > 100 * max(clipped, 1e-9)
 
 
-POSITIVE = """
-name = "inv_pos"
-report = false
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30"]
-per_domain = 60
-targets = ["rot0"]
-[model]
-arch = "cnn_small"
-[train]
-rounds = 2
-local_steps = 1
-batch_size = 1
-lr = 0.05
-[[methods]]
-name = "fedavg"
-[[attacks]]
-name = "update_inversion"
-max_victims = 1
-"""
+POSITIVE = dict(name="inv_pos", threads=None, data=dict(domains=["rot0", "rot15", "rot30"], per_domain=60),
+                train=dict(rounds=2, local_steps=1, batch_size=1, lr=0.05),
+                attacks=[dict(name="update_inversion", max_victims=1)])   # a layer of tiny_scenario
 
 
 def test_fedsgd_batch1_positive_control_through_the_pipeline(run_toml):
     """The mandatory positive control (docs/attacks.md §6): FedSGD, batch 1, cnn_small on embedded digits, label
     recovered by iDLG, scored by the shared scorer against the victim's training set: >= 20 dB."""
-    root = run_toml(POSITIVE)
+    root = run_toml(tiny_scenario(POSITIVE))
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     got = {r["metric"]: r for r in rows if r["victim"] == "rot15" and r["round"] == "1"}
     print({k: (round(float(r["value"]), 2), round(float(r["baseline"]), 2)) for k, r in got.items()})
@@ -211,7 +193,7 @@ def test_fedsgd_batch1_positive_control_through_the_pipeline(run_toml):
 
 def test_fedsgd_batch1_positive_control_cnn_mnist(run_toml):
     """The same control on the wider cnn_mnist (GroupNorm)."""
-    root = run_toml(POSITIVE, "model.arch=\"cnn_mnist\"", "train.rounds=1", name="mnist")
+    root = run_toml(tiny_scenario(POSITIVE), "model.arch=\"cnn_mnist\"", "train.rounds=1", name="mnist")
     got = {r["metric"]: r for r in csv.DictReader(open(root / "leakage.csv")) if r["victim"] == "rot15"}
     print({k: (round(float(r["value"]), 2), round(float(r["baseline"]), 2)) for k, r in got.items()})
     assert float(got["psnr"]["value"]) >= 20.0 and float(got["label_acc"]["value"]) == 1.0
@@ -220,9 +202,10 @@ def test_fedsgd_batch1_positive_control_cnn_mnist(run_toml):
 def test_noised_uploads_without_n_samples_assume_one_batch_per_epoch(run_toml):
     """Under client-level DP the update's norm is mostly noise: the server does not estimate n_k from it (an
     estimate far above the truth would unroll thousands of steps), it assumes n_k = B (variant n_assumed)."""
-    text = POSITIVE.replace('name = "fedavg"\n', 'name = "fedavg"\nweighting = "uniform"\n').replace(
-        "local_steps = 1", "local_epochs = 1").replace("batch_size = 1", "batch_size = 8") + \
-        "iterations = 20\nrestarts = 1\n[privacy.client]\nclip = 0.5\nnoise_multiplier = 1.0\n"
+    text = tiny_scenario(POSITIVE, methods=[dict(name="fedavg", weighting="uniform")],
+                         train=dict(local_steps=None, local_epochs=1, batch_size=8),
+                         attacks=[dict(name="update_inversion", max_victims=1, iterations=20, restarts=1)],
+                         privacy=dict(client=dict(clip=0.5, noise_multiplier=1.0)))
     root = run_toml(text, "train.rounds=1", name="dp")
     got = [r for r in csv.DictReader(open(root / "leakage.csv")) if r["metric"] == "psnr"]
     assert len(got) == 1 and got[0]["output"] == "n_assumed" and got[0]["status"] == "ok"
@@ -232,8 +215,8 @@ def test_curious_client_unrolls_at_most_max_parties_with_the_recorded_clip(run_t
     """A curious client among 4 clients under client-level DP (clip 0.5, sigma 0): the others' mean is matched by
     max_parties virtual clients (2 dummy images, not 3), each clipped to the C its own upload's envelope records;
     the reconstructions are scored against the union of the 3 others."""
-    text = POSITIVE.split("[[attacks]]")[0].replace('name = "fedavg"\n', 'name = "fedavg"\nweighting = "uniform"\n') + \
-        '[privacy.client]\nclip = 0.5\nnoise_multiplier = 0.0\nmode = "central"\n'
+    text = tiny_scenario(POSITIVE, methods=[dict(name="fedavg", weighting="uniform")], attacks=None,
+                         privacy=dict(client=dict(clip=0.5, noise_multiplier=0.0, mode="central")))
     root = run_toml(text, "data.clients_per_domain=2", name="curious")
     run = next(iter(load_runs(root)[0].values()))
     view = AdversaryView(Ledger.open(root), run.protocol(), "client", "rot15/0", torch.device("cpu"))

@@ -1,6 +1,8 @@
 """Membership inference: score math, reference federations through the engine, controls, harness outputs."""
 import csv
 
+from conftest import tiny_scenario
+
 import numpy as np
 import pytest
 
@@ -121,24 +123,11 @@ def test_controls_lira_rmia_with_two_references():
 
 
 def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
-    root = run_toml("""
-        name = "mia"
-        report = false
-        [data]
-        dataset = "digits"
-        domains = ["rot0", "rot15", "rot30"]
-        targets = ["rot0"]
-        [train]
-        rounds = 2
-        lr = 0.05
-        [[methods]]
-        name = "fedavg"
-        [[attacks]]
-        name = "mia_loss"
-        [[attacks]]
-        name = "mia_trajectory"
-        target_model = "global"
-    """)
+    root = run_toml(tiny_scenario(
+        name="mia", threads=None, model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], per_domain=None),
+        train=dict(rounds=2, lr=0.05, batch_size=None),
+        attacks=[dict(name="mia_loss"), dict(name="mia_trajectory", target_model="global")]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     loss = [r for r in rows if r["attack"] == "mia_loss" and r["metric"] == "auc"]
     assert {r["victim"] for r in loss} == {"rot15", "rot30", "pooled"}

@@ -152,30 +152,14 @@ def test_ray_engine_ledger_equals_in_process(data, monkeypatch):
 
 def test_attacks_score_many_client_victims(run_toml):
     import csv
-    root = run_toml("""
-        name = "many"
-        report = false
-        [data]
-        dataset = "digits"
-        domains = ["rot0", "rot15", "rot30"]
-        targets = ["rot0"]
-        clients_per_domain = 3
-        [train]
-        rounds = 2
-        lr = 0.05
-        local_steps = 2
-        [[methods]]
-        name = "fedavg"
-        [[attacks]]
-        name = "mia_loss"
-        [[attacks]]
-        name = "mia_loss"
-        label = "mia_loss4"
-        max_victims = 4
-        [[attacks]]
-        name = "label_distribution"
-        max_victims = 4
-    """)
+    from conftest import tiny_scenario
+    root = run_toml(tiny_scenario(
+        name="many", threads=None, model=None,
+        data=dict(family=None, domains=["rot0", "rot15", "rot30"], targets=["rot0"], clients_per_domain=3,
+                  per_domain=None),
+        train=dict(rounds=2, lr=0.05, local_steps=2, batch_size=None),
+        attacks=[dict(name="mia_loss"), dict(name="mia_loss", label="mia_loss4", max_victims=4),
+                 dict(name="label_distribution", max_victims=4)]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     clients = {f"rot{a}/{k}" for a in (15, 30) for k in range(3)}
     loss = [r for r in rows if r["attack"] == "mia_loss" and r["metric"] == "auc"]
@@ -229,28 +213,16 @@ def test_engine_settings_from_the_scenario(run_toml, monkeypatch):
         seen.append(spec)
         raise UserError("stop here")
     monkeypatch.setattr(runs, "run_federation", fake)
-    text = """
-        engine = "ray"
-        workers = 3
-        worker_threads = 2
-        [ray]
-        address = "auto"
-        num_gpus = 0.25
-        [data]
-        dataset = "digits"
-        per_domain = 30
-        targets = ["rot0"]
-        [train]
-        rounds = 1
-    """
+    from conftest import tiny_scenario
+    base = dict(name=None, threads=None, report=None, model=None, methods=None, engine="ray", workers=3,
+                worker_threads=2, ray=dict(address="auto", num_gpus=0.25),
+                data=dict(family=None, domains=None, per_domain=30), train=dict(rounds=1, batch_size=None))
+    text = tiny_scenario(base)
     with pytest.raises(UserError, match="stop here"):
         run_toml(text)
     assert (seen[0].engine, seen[0].workers, seen[0].worker_threads) == ("ray", 3, 2)
     assert seen[0].ray == {"address": "auto", "num_gpus": 0.25}
-    fedga = text + """
-        [[methods]]
-        name = "fedga"
-    """
+    fedga = tiny_scenario(base, methods=[dict(name="fedga")])
     for t, bad, msg in ((text, "workers=-1", "workers = -1: use 0"), (text, "worker_threads=0", "worker_threads = 0"),
                         (text, "ray.num_cpus=-2", "ray.num_cpus = -2.0: use a number >= 0"),
                         (text, "ray.cpus=1", "unknown key ray.cpus: allowed keys are address, num_cpus, num_gpus"),

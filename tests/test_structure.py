@@ -17,8 +17,8 @@ MAX_FUNCTION, MAX_MODULE = 60, 400
 MAX_LAYERS = 16    # import layers of the core (24 at 3cee758, 16 after issue 52)
 # Plugin modules and functions still over the limits (issue 52 split attacks/inversion.py; these are left to split):
 # an entry may shrink or go, never grow, and nothing may join it.
-OVERSIZE = {"attacks/amplitude.py": 647,   # 642 + the cost guard's estimate (issue 50)
-            "attacks/amplitude.py:retrieve": 61, "attacks/fedavg_leak.py:leak": 65,
+OVERSIZE = {"attacks/amplitude.py": 640,   # trimmed in issue 52 to 639, + the pixels clamp
+            "attacks/fedavg_leak.py:leak": 65,
             "attacks/membership.py": 526, "attacks/membership.py:references": 62, "methods/ccst.py": 423}
 KNOWN_CYCLES = []   # none: the last (report/scorecard.py <-> report/compare.py) went with report/select.py
 
@@ -181,6 +181,21 @@ def test_the_limits_catch_a_built_example(tmp_path):
     assert found == {"plug/long.py:f", "plug/big.py"}
     chain = {f"m{i}": {f"m{i - 1}"} if i else set() for i in range(MAX_LAYERS + 1)}
     assert max(layers(chain).values()) + 1 == MAX_LAYERS + 1
+    # an OVERSIZE allowance, in a tree named as the real one: up to it passes, one line more is caught
+    (tmp_path / "attacks").mkdir()
+    big = OVERSIZE["attacks/amplitude.py"]
+    (tmp_path / "attacks" / "amplitude.py").write_text("x = 1\n" * big)
+    assert too_long([tmp_path / "attacks"]) == []
+    (tmp_path / "attacks" / "amplitude.py").write_text("x = 1\n" * (big + 1))
+    assert too_long([tmp_path / "attacks"]) == [(big + 1, "attacks/amplitude.py")]
+    # the layers of a built package read from its files: 17 modules each importing the one before
+    core = tmp_path / "core"
+    core.mkdir()
+    mods = {"fdg_audit": PKG} | {f"fdg_audit.m{i}": core / f"m{i}.py" for i in range(MAX_LAYERS + 1)}
+    for i in range(MAX_LAYERS + 1):
+        (core / f"m{i}.py").write_text(f"from . import m{i - 1}\n" if i else "X = 1\n")
+    g = {n: imports(n, f, mods) for n, f in mods.items() if n != "fdg_audit"}
+    assert max(layers(g).values()) + 1 == MAX_LAYERS + 1
 
 
 

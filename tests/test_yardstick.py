@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import tiny_scenario
 from fdg_audit import metrics as M
 from fdg_audit.api.attack import Aux, Reconstruction
 from fdg_audit.data import DataConfig, load_data
@@ -147,23 +148,11 @@ def test_unordered_guesses_matched_among_many_images_hit_at_their_baseline_not_a
 
 def test_two_seeds_of_one_folder_draw_different_victims_and_methods_share_them(tmp_path):
     f = tmp_path / "s.toml"
-    f.write_text("""
-name = "draw"
-seeds = [0, 1]
-[[datasets]]
-label = "small"
-dataset = "mnist"
-family = "rotated"
-domains = ["rot0", "rot75"]
-per_domain = 200
-client_sizes = [1, 4]
-targets = ["rot75"]
-split_seed = 11
-[[methods]]
-name = "fedavg"
-[[methods]]
-name = "csac"
-""")
+    draw = dict(name="draw", seeds=[0, 1], threads=None, report=None, model=None, train=None, data=None,
+                datasets=[dict(label="small", dataset="mnist", family="rotated", domains=["rot0", "rot75"],
+                               per_domain=200, client_sizes=[1, 4], targets=["rot75"], split_seed=11)],
+                methods=[dict(name="fedavg"), dict(name="csac")])
+    f.write_text(tiny_scenario(draw))
     runs = plan(load_raw(str(f)))
     held = {(r["method"].name, r["seed"]): [c.train.idx.tolist() for c in r["data"].clients("rot0")] for r in runs}
     assert held[("fedavg", 0)] != held[("fedavg", 1)]   # each seed its own victims
@@ -174,7 +163,7 @@ name = "csac"
     again = load_data(r["ds"]).clients("rot0")
     assert [c.train.idx.tolist() for c in again] == held[("fedavg", 0)]
     # seeds_draw_data = false: one split for every seed
-    f.write_text(f.read_text().replace('name = "draw"', 'name = "draw"\nseeds_draw_data = false'))
+    f.write_text(tiny_scenario(draw, seeds_draw_data=False))
     runs = plan(load_raw(str(f)))
     same = [[c.train.idx.tolist() for c in r["data"].clients("rot0")] for r in runs]
     assert all(s == same[0] for s in same)

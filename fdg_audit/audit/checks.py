@@ -23,8 +23,8 @@ from ..plugins import import_path, resolve
 from ..store.runfolder import RunInfo
 from .sandbox import close_warm, run_isolated
 from .transport import AttackFailed
-from ..vocab import SHARED, AttackParams, attack_params
-from .worker import portrait
+from ..vocab import SHARED, AttackEntry, AttackParams, attack_params
+from .worker import build, portrait
 
 OUTPUTS = {c.__name__: c for c in (*RUN_OUTPUTS, Control)}   # what a worker may send back
 
@@ -68,12 +68,13 @@ def check_name(name, label) -> None:
                             "use a registered name or \"module:Class\"")
 
 
-def describe(cfg: dict, device, limits: dict = {}) -> tuple[str, Described, dict]:  # noqa: B006
-    """(label, attack, job spec for the worker) of one [[attacks]] entry, validated. The attack is a ``Described``
-    read by a probe worker (one per entry and process); the name is checked against a run folder's guard
-    (``plugins.resolve``) first."""
-    cfg = dict(cfg)
-    name, label = cfg.pop("name"), cfg.pop("label", None) or None
+def describe(entry, device, limits: dict = {}) -> tuple[str, Described, dict]:  # noqa: B006
+    """(label, attack, job spec for the worker) of one [[attacks]] entry (an ``AttackEntry``, or its flat form),
+    validated. The attack is a ``Described`` read by a probe worker (one per entry and process), whose ``Params``
+    are built and checked there (``worker.build``); the name is checked against a run folder's guard
+    (``plugins.resolve``) first. The job spec carries the entry's ``params`` as written."""
+    e = AttackEntry.of(entry)
+    name, label, cfg = e.name, e.label or None, e.params
     check_name(name, label)
     resolve("attack", name)
     key = (json.dumps(cfg, sort_keys=True, default=str), name, str(device), tuple(import_path(name)))
@@ -132,27 +133,28 @@ def _threat(t, label: str) -> dict:
                 rows=dict(t.get("rows", {})))
 
 
-def make_attack(cfg: dict, device):
-    """(label, attack instance, job spec) built in this process, for ``isolate = False`` (debugging only: plugin
-    code then runs in the harness)."""
-    cfg = dict(cfg)
-    name, label = cfg.pop("name"), cfg.pop("label", None) or None
-    cls = load_attack(name)
-    label = label or cls.name or name
+def make_attack(entry, device):
+    """(label, attack instance, job spec) built in this process by the worker's ``build``, for ``isolate = False``
+    (debugging only: plugin code then runs in the harness)."""
+    e = AttackEntry.of(entry)
+    cls = load_attack(e.name)
+    label = e.label or cls.name or e.name
     safe_name(label, f"attacks.{label}.label")
-    atk = cls(attack_params(cls.Params, cfg, label), device)
+    job = dict(attack=e.name, label=label, params=e.params, device=str(device))
+    atk = build(job, cls)
     _checked(portrait(atk), label)
-    return label, atk, dict(attack=name, label=label, params=cfg, device=str(device))
+    return label, atk, job
 
 
 def _make(cfg: dict, device, isolate: bool = True, limits: dict = {}):  # noqa: B006
     return describe(cfg, device, limits) if isolate else make_attack(cfg, device)
 
 
-def check_attacks(attack_cfgs: list[dict], limits: dict = {}) -> dict:  # noqa: B006
+def check_attacks(entries: list, limits: dict = {}) -> dict:  # noqa: B006
     """Every attack loads and its parameters are valid (before any training), each probed in a worker (within
-    ``limits``: timeout, memory_gb; default sandbox.LIMITS). Returns {label: Described}."""
-    out = {label: d for label, d, _ in (describe(c, "cpu", limits) for c in attack_cfgs)}
+    ``limits``: timeout, memory_gb; default sandbox.LIMITS). ``entries``: ``AttackEntry``s (or their flat form).
+    Returns {label: Described}."""
+    out = {label: d for label, d, _ in (describe(c, "cpu", limits) for c in entries)}
     close_warm()   # no sandbox waits through the training
     return out
 

@@ -1,7 +1,8 @@
 """The attack harness: plan which attack reads which run, build views, run workers, score, write the results.
 
-``run_attacks(root, attack_cfgs)`` attacks every finished run of a run folder. It reads the runs from the folder's
-records (``RunInfo`` in summary.json, fdg_audit.store.runfolder) and never re-plans the scenario. Each attack is first
+``run_attacks(root, attack_cfgs)`` attacks every finished run of a run folder (``attack_cfgs``: the scenario's
+``AttackEntry``s as parsed, or their flat form ``{"name": ..., "label": ..., **params}``). It reads the runs from
+the folder's records (``RunInfo`` in summary.json, fdg_audit.store.runfolder) and never re-plans the scenario. Each attack is first
 described by a metadata probe in a throw-away worker (``describe``), so plugin code never runs in the harness;
 then its controls and every run it applies to run in worker processes on materialised views (fdg_audit.audit.sandbox),
 ``parallel`` at a time, each within the folder's ``attack_timeout`` and ``attack_memory_gb``. What a worker returns
@@ -13,7 +14,6 @@ adversary observed a kind it ``consumes`` (``applicable``; ``selection`` lists t
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import sys
@@ -36,7 +36,6 @@ from ..plugins import resolve
 from ..progress import Eta
 from ..store.ledger import Ledger, open_verified
 from ..store.runfolder import RunFolder, RunInfo
-from ..vocab import attack_params
 from ..store.safe import read_in
 from . import sandbox
 from .bwrap import PROTECT
@@ -44,7 +43,7 @@ from .checks import OUTPUTS, Described, _checked, _make, checked_outputs
 from .sandbox import run_isolated, stop_workers
 from .scoring import Truth, build_aux, score
 from .transport import CACHE_KEY, AttackFailed, store_kept
-from .worker import LIMITS, check_limits, portrait
+from .worker import LIMITS, build, check_limits, portrait
 
 
 # ------------------------------------------------------------------------------------------- which runs
@@ -100,23 +99,19 @@ def _selection(ledger, runs: dict, attacks: list, absent_client: bool = False) -
     return out
 
 
-def selection(root, attack_cfgs: list[dict]) -> dict[str, list[str]]:
+def selection(root, attack_cfgs: list) -> dict[str, list[str]]:
     """{run: labels of the attacks that apply to it}, as ``run_attacks`` decides, without running them."""
     root = Path(root)
     return _selection(Ledger.open(root), RunFolder(root).runs(), [_make(c, "cpu") for c in attack_cfgs])
 
 
 def salted(atk, job: dict, run_seed: int) -> tuple:
-    """The attack and its worker job for one run: the job carries the run's seed (``salt``), and the attack's
-    ``Params`` are built from the job's params with their ``seed`` salted by it (``vocab.attack_params``, in the
-    worker; here for an attack built in this process), so that runs of different seeds draw independent attack
-    randomness (restarts, batches, probes) and the intervals over seeds include it. Controls keep the unsalted seed."""
+    """The attack and its worker job for one run: the job carries the run's seed (``salt``) beside its params, and
+    the attack is built from the job (``worker.build``: its ``Params``' ``seed`` salted by it) in the worker, or
+    here for an attack built in this process, so that runs of different seeds draw independent attack randomness
+    (restarts, batches, probes) and the intervals over seeds include it. Controls keep the unsalted seed."""
     job = dict(job, salt=int(run_seed))
-    if isinstance(atk, Described):
-        return atk, job
-    a = copy.copy(atk)
-    a.p = attack_params(type(atk.p), job["params"], job["label"], run_seed)
-    return a, job
+    return (atk if isinstance(atk, Described) else build(job, type(atk))), job
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -183,7 +178,7 @@ def attack_limits(root: Path) -> dict:
     return dict(timeout=t, memory_gb=m)
 
 
-def run_attacks(root, attack_cfgs: list[dict], quiet: bool = False, isolate: bool = True, parallel: int = 1,
+def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = True, parallel: int = 1,
                 threads: int = 0) -> Path:
     """Run attacks on every finished run of a run folder; write leakage.csv, controls, attacks.json and grids.
 

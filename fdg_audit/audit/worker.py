@@ -39,6 +39,15 @@ def portrait(atk) -> dict:
 
 
 
+def build(spec: dict, cls=None):
+    """The attack of a job spec (``attack``, ``label``, ``params``, ``device``, and a run's ``salt``): its ``Params``
+    built and checked by ``vocab.attack_params`` (salted by the run's seed), then its ``__init__``. The one place an
+    attack is built, in the worker and in the harness (``isolate = False``) alike; ``cls``: the class, if loaded."""
+    cls = cls or load_attack(spec["attack"])
+    p = attack_params(cls.Params, spec["params"], spec.get("label") or cls.name or spec["attack"], spec.get("salt"))
+    return cls(p, torch.device(spec["device"]))
+
+
 def _split(s):
     return s if s is None else Split(torch.as_tensor(s.x), torch.as_tensor(s.y), np.asarray(s.idx))
 
@@ -103,10 +112,7 @@ def _job(spec: dict, root: Path, paths: dict) -> dict:
         sys.path[:] = paths["method"]
         load_method(spec["run"]["plugin"])
     sys.path[:] = paths["attack"]
-    cls = load_attack(spec["attack"])
-    device = torch.device(spec["device"])
-    atk = cls(attack_params(cls.Params, spec["params"], spec.get("label") or cls.name or spec["attack"],
-                            spec.get("salt")), device)
+    atk, device = build(spec), torch.device(spec["device"])
     if spec["mode"] == "describe":   # the metadata probe (attack.describe): the harness never imports plugins
         return {"describe": portrait(atk)}
     if spec["mode"] == "control":
