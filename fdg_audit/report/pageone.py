@@ -155,7 +155,8 @@ def _settings(m: Model, g: tuple) -> list[str]:
 
 
 def membership(m: Model) -> str | None:
-    cs = [c for c in m.cells if c.harm == "membership" and c.setting == "" and c.measurable]
+    every = [c for c in m.cells if c.harm == "membership" and c.setting == "" and c.measurable]
+    cs = [c for c in every if c.state in ("leak", "no leak above baseline")] or every   # a readable cell first
     if not cs:
         return ("No membership attack ran in this job, so membership is not attacked here, which is not the same "
                 "as no leak.")
