@@ -188,7 +188,7 @@ LEGEND = [
     ("reading", "leak: the whole interval beyond the baseline's. no leak above baseline: it is not. not attacked: "
                 "no row. not measurable: a control failed. not resolvable: a membership pool too small. vacuous: "
                 "the baseline is already perfect"),
-    ("Δ [95% CI], call", "the row's one comparison (comparisons.csv, same id): this cell minus the reference "
+    ("Δ [95% CI] (n, call)", "the row's one comparison (comparisons.csv, same id): this cell minus the reference "
                          "method's cell at the same harm, adversary and setting whatever the channel (a channel's "
                          "own row: minus its method's other channel), paired by target and seed, Holm-adjusted "
                          "over every comparison of the report. " + CALLS_TEXT),
@@ -196,18 +196,23 @@ LEGEND = [
 ]
 
 
-def _scorecard_md(m) -> list[str]:
+def _scorecard_md(m, channels: bool = False) -> list[str]:
+    """The scorecard (``channels``: the per-channel rows a method sending several channels adds, in the appendix)."""
+    row = lambda c: [c.id, c.method, c.harm, c.setting or "—", c.adversary or "—",  # noqa: E731
+                     f"{ci(c.row)} (n {c.n})", f"{c.row['attack']} ({c.row['artifact']})" if c.attack else "—",
+                     ci(c.row, "baseline") + (f" ({c.baseline_kind})" if c.baseline_kind != "trivial" else ""),
+                     c.state if c.harm != "accuracy" else "—", f"{ci(c.row, 'diff_ref')}" if c.comparison else "—"]
+    head = ["row", "method", "harm", "setting", "adversary", "value [95% CI]", "chosen channel", "baseline",
+            "reading", "Δ [95% CI] (n, call)"]
+    if channels:
+        cs = [c for c in m.cells if c.channel]
+        return ["## Per-channel cells", "", "Each channel of a method that sends several, scored alone (the same "
+                "rule and baseline as the scorecard); its Δ is against the method's other channel.", "",
+                md_table(head, [row(c) for c in cs]), ""] if cs else []
     md = ["## Privacy scorecard", "", md_table(["term", "meaning"], [[a, b] for a, b in LEGEND]), ""]
     for ds in m.families():
-        body = [[c.id, c.method, c.harm, c.setting or "—", c.adversary or "—",
-                 f"{ci(c.row)} (n {c.n})", f"{c.row['attack']} ({c.row['artifact']})" if c.attack else "—",
-                 ci(c.row, "baseline") + (f" ({c.baseline_kind})" if c.baseline_kind != "trivial" else ""),
-                 c.state if c.harm != "accuracy" else "—",
-                 f"{ci(c.row, 'diff_ref')} vs {c.row['reference']}" if c.comparison else "—"]
-                for c in m.cells if c.group[0] == ds]
-        md += [f"### {md_text(ds, 120)}", "", md_table(["row", "method", "harm", "setting", "adversary",
-                                                        "value [95% CI]", "chosen channel", "baseline", "reading",
-                                                        "Δ [95% CI], call"], body), ""]
+        md += [f"### {md_text(ds, 120)}", "", md_table(head, [row(c) for c in m.cells if c.group[0] == ds
+                                                             and not c.channel]), ""]
     return md
 
 
@@ -292,12 +297,13 @@ def write_report(run_dirs, out, quiet: bool = False) -> Path:
     roc_files, rec_files = P.roc(res, plots), P.recon(res, plots)
     curve_files = P.size_curve(res, curve, plots)
     body = page_one_md(m, fig, strip_files)
-    body += _scorecard_md(m) + CMP.between_md(comps) + differences_md(comps)
-    body += _accuracy_md(res, acc, acc_files)
-    body += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files]) + _privacy_md(res, acc, eps, eps_files)
-    body += ["## Appendix", "", "Detail tables: every attack output, the verdict per method, reconstruction per "
-             "client size and per victim domain, the attacks' threat models, the runs, ROC curves and "
+    body += _scorecard_md(m) + _accuracy_md(res, acc, acc_files) + _privacy_md(res, acc, eps, eps_files)
+    body += ["## Appendix", "", "Detail tables: the per-channel cells, every comparison, bytes by kind, every "
+             "attack output, the verdict per method, reconstruction per client size and per victim domain, the "
+             "attacks' threat models, the runs, ROC curves and "
              "reconstruction grids.", ""]
+    body += _scorecard_md(m, channels=True) + CMP.between_md(comps) + differences_md(comps)
+    body += bytes_md(res, by, [_img(f, "bytes per run") for f in byte_files])
     body += verdict_md(res, card) + CV.domain_md(res, CV.per_domain(res)) + CV.curve_md(res, curve, curve_files)
     body += legend_md(res) + _leakage_md(res, leak, res.controls) + _runs_md(res, run_dirs, runs_md)
     body += dp_section(card, res.ok, res.privacy, plots, res.envelopes)   # accuracy and each harm against ε
