@@ -25,8 +25,8 @@ def dataset(name: str):
     eps = {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
     if not eps:   # not even the built-ins: fdg_audit's installed metadata is missing or older than this group
         raise UserError(f"unknown data.dataset {name!r}: no data set is registered, not even the built-ins (the "
-                        f"installed metadata of fdg_audit is missing or stale, or a stale fdg_audit.egg-info in the "
-                        f"working directory hides it): reinstall with pip install -e <fdg_audit's folder>")
+                        f"installed metadata of fdg_audit is missing or stale, or a stale egg-info folder of "
+                        f"fdg_audit in the working directory hides it): reinstall with pip install -e <fdg_audit's folder>")
     if name not in eps:
         raise UserError(f"unknown data.dataset {name!r}: use one of {', '.join(sorted(eps)) or 'none'} (a data set "
                         f"registers under the entry point group {GROUP}; see docs/datasets.md)")
