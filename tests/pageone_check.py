@@ -10,6 +10,8 @@ import csv
 import re
 from pathlib import Path
 
+from fdg_audit.report.formatting import human_bytes
+
 LINK = re.compile(r"\[↗\]\(#([-\w.]+)\)")
 NUMBER = re.compile(r"(?<![\w.])([+\-−±]?)(\d+(?:\.\d+)?)(%| [kMG]?B\b)?")
 RUNS = re.compile(r"\((\d+) runs?\b")
@@ -42,13 +44,6 @@ def _values(row: dict, comp: dict | None) -> list[float]:
     return out
 
 
-def _human(b: float) -> str:
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= f:
-            return f"{b / f:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
 def untraced(folder) -> list[str]:
     folder = Path(folder)
     rows = {r["id"]: r for r in _csv(folder / "scorecard.csv")}
@@ -76,7 +71,7 @@ def untraced(folder) -> list[str]:
                 sign, digits, unit = m.groups()
                 unit = unit or ""
                 if unit.endswith("B"):
-                    ok = row.get("bytes") and _human(float(row["bytes"])) == digits + unit
+                    ok = row.get("bytes") and human_bytes(float(row["bytes"])) == digits + unit
                 elif unit == "%":
                     ok = row.get("bytes_vs_ref") and f"{float(row['bytes_vs_ref']):.0f}" == digits
                 else:
