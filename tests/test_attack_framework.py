@@ -67,8 +67,25 @@ class BadAux(Spy):
     aux = ("shadow_runs",)
 
 
-SCENARIO = tiny_scenario(name="fw", data=dict(domains=["rot0", "rot15", "rot30", "rot45"], targets=["rot45"]),
-                         train=dict(rounds=2, batch_size=32))
+# written out (not tiny_scenario): test_trust.py edits this text line by line
+SCENARIO = """
+name = "fw"
+threads = 1
+report = false
+[data]
+dataset = "digits"
+family = "rotated"
+domains = ["rot0", "rot15", "rot30", "rot45"]
+per_domain = 40
+targets = ["rot45"]
+[model]
+arch = "cnn_small"
+[train]
+rounds = 2
+batch_size = 32
+[[methods]]
+name = "fedavg"
+"""
 HERE = __name__
 
 

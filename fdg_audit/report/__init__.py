@@ -47,6 +47,8 @@ def headline(root) -> str:
     if by:
         out += ["", "bytes on the bus by artifact kind (↑ client→server, ↓ server→client), mean per run:"]
         out += bytes_lines(m.res, by)
+    if T.adaptation_note(m.res):
+        out.append(T.adaptation_note(m.res))
     failed = [r["run"] for r in m.res.runs if r.get("status") != "ok"]
     if failed:
         out.append(f"failed runs ({len(failed)}): " + ", ".join(failed))

@@ -182,7 +182,8 @@ def _own(r: dict, comps: list[Comparison], ref_of, card: dict) -> Comparison | N
     g = (r["dataset"], r["method"], r["variant"])
     ch = SEL.channel_of(r["setting"])
     ref = card.get((ref_of(g), r["harm"], r["setting"], r["adversary"]))
-    if (r.get("reading") and r["harm"] != "accuracy") or (ref and ref.get("prior") != r.get("prior") and not ch):
+    below = r.get("reading") and not r["reading"].startswith("not resolvable")   # below its baseline, vacuous
+    if (below and r["harm"] != "accuracy") or (ref and ref.get("prior") != r.get("prior") and not ch):
         return None
     for c in comps:
         if c.a != g or (c.harm, c.adversary) != (r["harm"], r["adversary"]):

@@ -2,7 +2,7 @@
 this order, each with one number, its 95% interval, its baseline or chance and n (runs), and a link to its
 scorecard row id:
 
-1. ``bank_vs_weights``: does one channel of a method (FedDG's bank) give back more than its other (its weights), and
+1. ``bank_vs_weights``: does one channel of a method (e.g. a bank) give back more than its other (its weights), and
    at which client sizes (the channel comparisons: the same runs and items, paired); where only one channel was
    attacked on whole-domain clients, that cell.
 2. ``weights_reach``: what the channel every method sends (the reference method's: the weights) gives back, up to

@@ -226,7 +226,7 @@ def channel_of(setting: str) -> str:
 def selections(res: T.Results) -> dict:
     """{(group, harm, role, setting): {run: the cross-fitted choice of ``_select``}}, computed once per Results (with
     ``res.cache["side"]``: the reconstruction companions and CPU costs by ``cells.side_key``). Where a method's
-    candidates of a cell span several channels (artifacts; FedDG: its bank and its weights), each channel gets a cell
+    candidates of a cell span several channels (artifacts; e.g. a bank and weights), each channel gets a cell
     of its own too (setting ``channel_setting``), chosen by the same cross-fitted rule among that channel's outputs, so
     channels are compared on the same runs and items (compare.py)."""
     if "chosen" not in res.cache:
