@@ -23,14 +23,6 @@ from .plots import _fig, _save, _show, colors
 STYLES = ("-", "--", ":", "-.")
 
 
-def _channel_cell(m: Model, g: tuple, setting: str, channel: str) -> Cell | None:
-    own = m.main(g, "reconstruction", ", ".join(filter(None, (setting, f"{channel} only"))))
-    if own:
-        return own
-    c = m.main(g, "reconstruction", setting)
-    return c if c and c.artifact == channel and c.measurable else None
-
-
 def _panel(ax, m: Model, kind: str, col: dict) -> bool:
     dss = [ds for ds in m.families() if m.kind(ds) == kind]
     settings = sorted({(c.size or WHOLE, c.setting) for c in m.cells if c.group[0] in dss and c.harm ==
@@ -50,7 +42,8 @@ def _panel(ax, m: Model, kind: str, col: dict) -> bool:
             pts, missing = [], []
             for n, s in settings:
                 h = next((h for h in kin if any(c.setting == s for c in m.cells if c.group == h)), None)
-                c = _channel_cell(m, h, s, ch) if h else None
+                c = m.channel_cell(h, s, ch) if h else None
+                c = c if c and (c.channel or c.measurable) else None   # a chosen channel: measured
                 (pts.append((xs[n], c)) if c else missing.append(xs[n]))
             style = "-" if ch in ref_ch else STYLES[1 + sorted(m.channels(g)).index(ch) % 3]
             if pts:

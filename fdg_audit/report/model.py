@@ -160,6 +160,15 @@ class Model:
         return sorted({c.artifact.split("|")[0] for c in self.cells if c.group in kin and c.harm == harm
                        and c.measurable and c.adversary == "server"})
 
+    def channel_cell(self, g: tuple, setting: str, channel: str) -> Cell | None:
+        """A method's cell of one channel at a setting: its own channel cell, or its cell over every channel when
+        that chose the channel (page one and the answer figure)."""
+        own = self.main(g, "reconstruction", ", ".join(filter(None, (setting, f"{channel} only"))))
+        if own:
+            return own
+        c = self.main(g, "reconstruction", setting)
+        return c if c and c.artifact == channel else None
+
     def cell(self, row_id: str) -> Cell:
         return next(c for c in self.cells if c.id == row_id)
 

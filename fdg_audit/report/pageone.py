@@ -102,16 +102,6 @@ def _size_key(s: str) -> tuple:
     return (0, int(s.split()[0])) if s[0].isdigit() else (1, 0)
 
 
-def _weights(m: Model, g: tuple, setting: str, channel: str) -> Cell | None:
-    """A method's cell of one channel at a setting: its own channel cell, or its cell over every channel when that
-    is its only one."""
-    own = m.main(g, "reconstruction", ", ".join(filter(None, (setting, f"{channel} only"))))
-    if own:
-        return own
-    c = m.main(g, "reconstruction", setting)
-    return c if c and c.artifact == channel else None
-
-
 def weights_reach(m: Model) -> str | None:
     ref = [g for g in m.groups() if g[1] == m.reference and m.sized(g[0])]
     chans = [c.artifact for g in ref for c in [m.main(g, "reconstruction", s) for s in _settings(m, g)] if c]
@@ -121,7 +111,7 @@ def weights_reach(m: Model) -> str | None:
     reach = {}
     for ds in {g[0] for g in ref}:
         for s in _settings(m, ref[0] if ref[0][0] == ds else next(g for g in ref if g[0] == ds)):
-            cs = [c for g in m.groups(ds) if (c := _weights(m, g, s, w))]
+            cs = [c for g in m.groups(ds) if (c := m.channel_cell(g, s, w))]
             reach.setdefault(ds, []).append((cs[0].size if cs else None, [c for c in cs if c.clears], cs))
     best_ds = max(reach, key=lambda ds: max((n for n, ok, _ in reach[ds] if ok and n), default=0))
     pts = sorted((p for p in reach[best_ds] if p[0]), key=lambda p: p[0])
