@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 from functools import lru_cache
 
 
@@ -19,5 +20,14 @@ def worker_context():
         # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first
         # optimizer a process builds (seconds), which every worker that trains or optimises would pay again
         ctx.set_forkserver_preload(["fdg_audit.audit.harness", "torch._dynamo"])
+        # Ctrl-C reaches the whole foreground process group: a forkserver still importing torch died mid-load
+        # (oneMKL printed a FATAL line after the harness's one-line error). It starts with SIGINT blocked, as
+        # multiprocessing's resource tracker does; it ignores SIGINT once its preload is done.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            from multiprocessing import forkserver
+            forkserver.ensure_running()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return ctx
     return mp.get_context("spawn")
