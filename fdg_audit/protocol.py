@@ -57,6 +57,8 @@ class MethodPlugin:
       ``kinds``    the artifact kinds it may send (the bus's vocabulary; ``register_kind`` adds one).
 
     Optional, with the defaults below:
+      ``title``                  the method's name as its paper writes it (the report's sentences and figures);
+                                 "" (default): ``name``;
       ``partial_participation``  the server accepts a sample of the clients each round (``participation < 1``);
       ``participation_note``     why not, shown when ``participation < 1`` is refused;
       ``dp_sgd_refused``         non-empty: why example-level DP-SGD is undefined for the method (refused at plan time);
@@ -84,6 +86,7 @@ class MethodPlugin:
       attacks reach them through ``AdversaryView.protocol`` (Kerckhoffs), never through the method's module.
     """
     name: str = ""
+    title: str = ""
     Params: type = TrainParams
     Server: type
     Client: type

@@ -405,10 +405,10 @@ class CCSTServer(FedAvgServer):
 
 
 class CCST(MethodPlugin):
-    # why plan refuses privacy.dp_sgd (fdg_audit/privacy/dpsgd.py refuse): no per-example objective
-    dp_sgd_refused = ("it trains on a derived split (several style-transferred rows per image,"
-                      " styles mixed across images)")
+    dp_sgd_refused = ("it trains on a derived split (several style-transferred rows per image,"   # no per-example
+                      " styles mixed across images)")   # objective: plan refuses privacy.dp_sgd (privacy/dpsgd.py)
     name = "ccst"
+    title = "CCST"
     Params = Params
     Server = CCSTServer
     Client = CCSTClient

@@ -242,6 +242,7 @@ class COPA(MethodPlugin):
                       " coupling the examples of a batch")
     build = staticmethod(build)     # the model attacks rebuild from the ledger
     name = "copa"
+    title = "COPA"
     Params = Params
     Server = COPAServer
     Client = COPAClient

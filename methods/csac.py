@@ -261,6 +261,7 @@ class CSAC(MethodPlugin):
     dp_sgd_refused = ("its MK-MMD alignment compares the batch's feature distribution,"
                       " coupling the examples of a batch")
     name = "csac"
+    title = "CSAC"
     Params = Params
     Server = CSACServer
     Client = CSACClient

@@ -331,6 +331,7 @@ class FADAServer(Server):
 
 class FADA(MethodPlugin):
     name = "fada"
+    title = "FADA"
     Params = Params
     Server = FADAServer
     Client = FADAClient

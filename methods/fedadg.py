@@ -219,6 +219,7 @@ class FedADG(MethodPlugin):
     dp_sgd_refused = ("its adversarial loop trains a discriminator and generator on the data"
                       " outside Client.fit's per-example gradients")
     name = "fedadg"
+    title = "FedADG"
     Params = Params
     Server = FedADGServer
     Client = FedADGClient

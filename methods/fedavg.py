@@ -89,6 +89,7 @@ class FedAvgServer(Server):
 
 class FedAvg(MethodPlugin):
     name = "fedavg"
+    title = "FedAvg"
     Params = Params
     Server = FedAvgServer
     Client = FedAvgClient

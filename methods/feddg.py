@@ -242,6 +242,7 @@ class FedDGServer(FedAvgServer):
 
 class FedDG(MethodPlugin):
     name = "feddg"
+    title = "FedDG"
     Params = Params
     Server = FedDGServer
     Client = FedDGClient

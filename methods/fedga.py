@@ -147,6 +147,7 @@ class FedGA(MethodPlugin):
     dp_sgd_refused = ("it sends its training loss (the generalization gap's input), a statistic of the whole split,"
                       " in the clear")
     name = "fedga"
+    title = "FedGA"
     Params = Params
     Server = FedGAServer
     Client = FedGAClient

@@ -141,6 +141,7 @@ class FedSR(MethodPlugin):
                       " and shapes every later update")
     build = staticmethod(build)     # the model attacks rebuild from the ledger
     name = "fedsr"
+    title = "FedSR"
     Params = Params
     Server = FedSRServer
     Client = FedSRClient

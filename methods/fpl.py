@@ -166,6 +166,7 @@ class FPL(MethodPlugin):
     dp_sgd_refused = ("its prototype losses use class prototypes,"
                       " statistics of the client's whole data and of other clients")
     name = "fpl"
+    title = "FPL"
     Params = Params
     Server = FPLServer
     Client = FPLClient

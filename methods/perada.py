@@ -251,6 +251,7 @@ def kd_free_mean(params) -> float:
 
 class PerAda(MethodPlugin):
     name = "perada"
+    title = "PerAda"
     Params = Params
     Server = PerAdaServer
     Client = PerAdaClient

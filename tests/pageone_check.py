@@ -18,7 +18,8 @@ RUNS = re.compile(r"\((\d+) runs?\b")
 # what page one may say that is not a measured number: the 95% of an interval, the false-positive rates at which
 # membership is read and their chance, client sizes ("clients of 4 images", "at 4, 16 and 64 images")
 FIXED = re.compile(r"at 95%|\d+(?:\.\d+)?% false positives|chance: \d+(?:\.\d+)?%|clients of \d+ images?|"
-                   r"from \d+ images|at (?:\d+, )*\d+(?: and \d+)? images")
+                   r"from \d+ images|at (?:\d+, )*\d+(?: and \d+)? images|Holm correction over \d+ comparisons")
+HOLM_N = re.compile(r"Holm correction over (\d+) comparisons")
 
 
 def _csv(path: Path) -> list[dict]:
@@ -49,7 +50,9 @@ def untraced(folder) -> list[str]:
     rows = {r["id"]: r for r in _csv(folder / "scorecard.csv")}
     comps = {c["id"]: c for c in _csv(folder / "comparisons.csv")}
     bad = []
+    family = sum(c["call"] not in ("not resolvable", "not testable") for c in comps.values())
     for s in page_one((folder / "report.md").read_text()):
+        bad += [f"Holm family of {n}, comparisons.csv has {family}" for n in HOLM_N.findall(s) if int(n) != family]
         parts = LINK.split(FIXED.sub(" ", s))
         if len(parts) == 1:
             bad += [f"no row linked: {s}"] if NUMBER.search(s) else []

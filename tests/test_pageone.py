@@ -81,3 +81,17 @@ def test_the_checks_fail_when_a_view_differs(tmp_path):
         w.writeheader()
         w.writerows(comps)
     assert any(x.startswith(comps[0]["id"]) for x in disagreements(folder))
+
+
+def test_page_one_names_methods_as_their_papers_write_them():
+    """Page one says "FedDG", never the registered key "feddg": each method's ``title``; a name read from a run
+    folder that is not an installed plugin stays words and is never imported."""
+    from fdg_audit.plugins import load
+    from fdg_audit.report.formatting import title
+    said = " ".join(page_one((EXAMPLE / "report.md").read_text()))
+    names = {r["method"] for r in csv.DictReader(open(EXAMPLE / "scorecard.csv", newline=""))}
+    for n in names:
+        t = load("method", n).title
+        assert t and t != n and not re.search(rf"(?<![\w/#.-]){n}(?![\w-])", LINK.sub("", said)), (n, said)
+    assert any(load("method", n).title in said for n in names)
+    assert title("os:system") == "os:system" and title("not_a_method") == "not a method"

@@ -192,7 +192,7 @@ def test_a_group_still_rising_at_its_end_is_not_converged_whatever_round_was_sel
     assert cells["fedavg"].startswith("6/6; rising at the end 6/6") and cells["fedavg"].endswith("NOT CONVERGED")
     assert "NOT CONVERGED" not in cells["feddg"]
     answer = md.split("## The answer")[1].split("\n## ")[0]                 # page one says it beside the accuracy
-    assert "fedavg on digits had NOT CONVERGED" in answer and answer.count("NOT CONVERGED") == 1
+    assert "FedAvg on digits had NOT CONVERGED" in answer and answer.count("NOT CONVERGED") == 1
 
 
 def test_single_seed_has_no_std(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..attack import ORACLE
 from . import threat as TH
-from .formatting import slug, words
+from .formatting import method_words, slug, words
 from .model import WHOLE, Cell, Model
 from .plots import _fig, _save, _show, colors
 
@@ -52,7 +52,7 @@ def _panel(ax, m: Model, kind: str, col: dict) -> bool:
                 err = [[max(0, p[1].value - p[1].lo) if p[1].lo == p[1].lo else 0 for p in pts],
                        [max(0, p[1].hi - p[1].value) if p[1].hi == p[1].hi else 0 for p in pts]]
                 ax.errorbar(x, y, yerr=err, color=col[g], ls=style, marker="o", ms=5, capsize=3, lw=1.8,
-                            label=f"{words(g[1] + g[2])}, {words(ch)}")
+                            label=f"{method_words(g)}, {words(ch)}")
                 for xx, c in pts:
                     ax.fill_between([xx - 0.25, xx + 0.25], c.b_lo if c.b_lo == c.b_lo else c.baseline,
                                     c.b_hi if c.b_hi == c.b_hi else c.baseline, color="0.6", alpha=0.35, lw=0)
@@ -79,7 +79,7 @@ def _accuracy(ax, m: Model, col: dict) -> None:
                 continue
             x = i + (methods.index(g[1:]) - (len(methods) - 1) / 2) * width
             ax.errorbar([x], [c.value], yerr=[[c.value - c.lo], [c.hi - c.value]] if c.lo == c.lo else None,
-                        fmt="o", color=col[g], capsize=3, ms=6, label=words(g[1] + g[2]))
+                        fmt="o", color=col[g], capsize=3, ms=6, label=method_words(g))
             ax.plot([i - 0.4, i + 0.4], [c.baseline] * 2, ls=":", color="0.3", lw=1.5)
     ax.set_xticks(range(len(dss)), [words(d) for d in dss])
     ax.set_ylim(0, 1)
@@ -135,6 +135,6 @@ def strips(m: Model, out: Path, n: int = 4) -> list[str]:
         for j in range(len(truth)):
             _show(axes[0, j], truth[j])
             _show(axes[1, j], rec[j])
-        fig.suptitle(f"{words(c.method)}, {words(ch)}", fontsize=11)
+        fig.suptitle(f"{method_words(c.group)}, {words(ch)}", fontsize=11)
         files.append(_save(fig, out, f"strip_{slug(ch)}.png"))
     return files

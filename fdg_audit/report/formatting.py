@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ..metrics.registry import info
 
@@ -111,3 +112,22 @@ def gkey(r: dict) -> tuple:
 def words(x: str) -> str:
     """A name in words for prose: underscores and "|" to spaces."""
     return " ".join(str(x).replace("_", " ").replace("|", " ").split())
+
+
+@lru_cache(maxsize=None)
+def title(name: str) -> str:
+    """A method's name as its paper writes it: the ``title`` of the registered method plugin ``name`` (a name read
+    from a run folder is looked up among the installed plugins only, never imported as a path), else ``words``."""
+    from ..plugins import available, load
+    t = ""
+    if name in available("method"):
+        try:
+            t = getattr(load("method", name), "title", "")
+        except Exception:   # a broken install still gets its report, with the registered name
+            t = ""
+    return t if isinstance(t, str) and re.fullmatch(r"[\w\- ]{1,40}", t) else words(name)
+
+
+def method_words(g: tuple) -> str:
+    """A group's method in words: its title and its variant, e.g. "FedDG" or "FedDG variant official"."""
+    return " ".join((title(g[1]) + " " + words(g[2])).split())

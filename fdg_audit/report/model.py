@@ -104,6 +104,13 @@ class Cell:
         return self.lo > bhi if info(self.metric).higher else self.hi < blo
 
     @property
+    def gives_back(self) -> bool:
+        """Images given back (page one's words): the cell ``clears`` its baseline and, where the scorer measures
+        legibility, the low end of its legibility interval lies above the free guess's legibility (a hit a person
+        would not recognise is linkable, not given back)."""
+        return self.clears and (self.legible is None or not self.legible[1] <= self.legible[3])
+
+    @property
     def margin(self) -> float:
         if self.harm == "accuracy":
             return 0.0

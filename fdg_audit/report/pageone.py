@@ -6,8 +6,10 @@ scorecard row id:
    at which client sizes (the channel comparisons: the same runs and items, paired); where only one channel was
    attacked on whole-domain clients, that cell.
 2. ``weights_reach``: what the channel every method sends (the reference method's: the weights) gives back, up to
-   which client size, and from which size no method's clears its baseline ("legible" where the scorer measures it).
-3. ``membership``: the strongest membership cell, by TPR at 1% FPR against its chance, AUC beside it.
+   which client size, and from which size no method's does (``Cell.gives_back``: clears its baseline and, where the
+   scorer measures legibility, is legible beyond the free guess).
+3. ``membership``: the strongest membership cell, by TPR at 1% FPR against its chance, AUC beside it, its adversary
+   and channel named, and the strongest cell on any other channel beside it.
 4. ``accuracy``: a resolved held-out accuracy difference, or what the data rule out (the widest interval).
 5. ``traffic``: bytes sent per run as a percentage of the reference method's.
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from . import tables as T
-from .formatting import human_bytes, md_text, num
+from .formatting import human_bytes, md_text, method_words, num
 from .formatting import words as _words
 from .model import WHOLE, Cell, Model
 
@@ -32,6 +34,11 @@ MAX_WORDS = 45
 def words(x: str) -> str:
     """A name in words, escaped: a label from a run folder never becomes markup on page one."""
     return md_text(_words(x), 60)
+
+
+def mw(g: tuple) -> str:
+    """A group's method as its paper writes it, escaped (formatting.method_words)."""
+    return md_text(method_words(g), 60)
 
 
 def link(c: Cell) -> str:
@@ -70,7 +77,7 @@ def bank_vs_weights(m: Model) -> str | None:
     within = [c for c in m.comparisons if c.within and c.harm == "reconstruction" and _at(m, c)]
     if not within:
         return None
-    g = max({c.a for c in within}, key=lambda g: sum(c.a == g for c in within))
+    g = max(dict.fromkeys(c.a for c in within), key=lambda g: sum(c.a == g for c in within))
     mine = [c for c in within if c.a == g]
     a, b = words(mine[0].channel_a), words(mine[0].channel_b)
     cells = {c.id: _at(m, c) for c in mine}
@@ -81,13 +88,17 @@ def bank_vs_weights(m: Model) -> str | None:
     head = max(more or less or mine, key=lambda c: (abs(c.diff), -(cells[c.id].size or WHOLE)))
     at = cells[head.id]
     say = "more than" if head.diff > 0 else "less than"
-    parts = [f"{words(g[1] + g[2])}'s {a} minus its {b} is {iv(head.diff, head.lo, head.hi, sign=True)} in "
+    parts = [f"{mw(g)}'s {a} minus its {b} is {iv(head.diff, head.lo, head.hi, sign=True)} in "
              f"re-identification at {size_words(at)} on {words(g[0])} ({runs(at)}, {head.call}) {link(at)}"]
     if more:
         parts.append(f", so it gives back more at {sizes(more)}")
     if less:
         parts.append(f", less at {sizes(less)}")
-    if not more and not less:
+    if not more and not less and (head.lo > 0 or head.hi < 0):
+        n = sum(c.call not in ("not resolvable", "not testable") for c in m.comparisons)
+        parts.append(f", an interval clear of zero, but no size's difference survives the Holm correction over "
+                     f"{n} comparisons")
+    elif not more and not less:
         parts.append(f", so neither channel is shown to give back {say} the other at any client size")
     whole = [c for h in m.groups() if h[1:] == g[1:] and not m.sized(h[0])
              for c in [m.main(h, "reconstruction")] if c and c.channel == "" and "|" not in c.artifact]
@@ -103,35 +114,39 @@ def _size_key(s: str) -> tuple:
 
 
 def weights_reach(m: Model) -> str | None:
+    """Sentence 2. Families that reach the same largest leaking size are all named (in the report's order), the
+    numbers are of the strongest cell among them."""
     ref = [g for g in m.groups() if g[1] == m.reference and m.sized(g[0])]
     chans = [c.artifact for g in ref for c in [m.main(g, "reconstruction", s) for s in _settings(m, g)] if c]
     if not chans:
         return None
-    w = max(set(chans), key=chans.count)
+    w = max(dict.fromkeys(chans), key=chans.count)
     reach = {}
-    for ds in {g[0] for g in ref}:
-        for s in _settings(m, ref[0] if ref[0][0] == ds else next(g for g in ref if g[0] == ds)):
+    for ds in dict.fromkeys(g[0] for g in ref):
+        for s in _settings(m, next(g for g in ref if g[0] == ds)):
             cs = [c for g in m.groups(ds) if (c := m.channel_cell(g, s, w))]
-            reach.setdefault(ds, []).append((cs[0].size if cs else None, [c for c in cs if c.clears], cs))
-    best_ds = max(reach, key=lambda ds: max((n for n, ok, _ in reach[ds] if ok and n), default=0))
-    pts = sorted((p for p in reach[best_ds] if p[0]), key=lambda p: p[0])
-    leak = [p for p in pts if p[1]]
-    if not leak:
-        c = max((c for p in pts for c in p[2]), key=lambda c: c.value)
-        return _fit([f"No method's {words(w)} clear their baseline at any client size on {words(best_ds)}: the "
-                     f"highest is {iv(c.value, c.lo, c.hi)} against {c.baseline:.2f} ({runs(c)}) {link(c)}"])
-    top = leak[-1]
-    c = max(top[1], key=lambda c: c.value)
+            reach.setdefault(ds, []).append((cs[0].size if cs else None, [c for c in cs if c.gives_back], cs))
+    top = {ds: max((n for n, ok, _ in pts if ok and n), default=0) for ds, pts in reach.items()}
+    best = max(top.values())
+    if not best:
+        c = max((c for pts in reach.values() for p in pts if p[0] for c in p[2]), key=lambda c: c.value)
+        return _fit([f"No method's {words(w)} give back images at any client size: the highest is "
+                     f"{iv(c.value, c.lo, c.hi)} against {c.baseline:.2f} on {words(c.group[0])} ({runs(c)}) "
+                     f"{link(c)}"])
+    tied = [ds for ds in reach if top[ds] == best]
+    c = max((c for ds in tied for p in reach[ds] if p[0] == best for c in p[1]), key=lambda c: c.value)
     what = ("legible in " + iv(*c.legible[:3]) + f" of images against {c.legible[3]:.2f}") if c.legible else \
         f"re-identified at {iv(c.value, c.lo, c.hi)} against {_kind(c)} {c.baseline:.2f}"
-    parts = [f"The {words(w)} give back images up to {size_words(c)} on {words(best_ds)}, where "
-             f"{words(c.method)}'s are {what} ({runs(c)}) {link(c)}"]
-    after = [p for p in pts if p[0] > top[0] and not p[1] and p[2]]
+    where = f" on {words(c.group[0])}" if len(tied) > 1 else ""
+    parts = [f"The {words(w)} give back images up to {size_words(c)} on {' and '.join(map(words, tied))}, where "
+             f"{mw(c.group)}'s{where} are {what} ({runs(c)}) {link(c)}"]
+    after = [p for p in reach[c.group[0]] if p[0] and p[0] > best and not p[1] and p[2]]
     if after:
         s = min(after, key=lambda p: p[0])
-        x = max(s[2], key=lambda c: c.value)
-        parts.append(f", and from {s[0]} images on no method's clear their baseline, the highest being "
-                     f"{iv(x.value, x.lo, x.hi)} {link(x)}")
+        x = max(s[2], key=lambda c: c.legible[0] if c.legible else c.value)
+        best = (f"legible in {iv(*x.legible[:3])} against {x.legible[3]:.2f}" if x.legible else
+                f"re-identified at {iv(x.value, x.lo, x.hi)} against {x.baseline:.2f}")
+        parts.append(f", and from {s[0]} images on none is, the most being {mw(x.group)}'s, {best} {link(x)}")
     return _fit(parts)
 
 
@@ -155,14 +170,25 @@ def membership(m: Model) -> str | None:
     if not with_tpr:
         c = max(cs, key=lambda c: c.value)
         return _fit([f"Membership AUC is at most {iv(c.value, c.lo, c.hi, d=3)} against {c.baseline:.3f} for "
-                     f"{words(c.method)} on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}",
+                     f"{mw(c.group)} on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}",
                      ", and the pools are too small to read a true-positive rate at 1% false positives"])
-    c = max(with_tpr, key=lambda c: float(tpr(c)))
+    c = max(with_tpr, key=lambda c: (float(tpr(c)), c.adversary == "server"))   # the server's on a tie
+    by = "the server" if c.adversary == "server" else f"a {words(c.adversary)}"
+    what = words(c.artifact) or "messages"
+    other = [d for d in with_tpr if d.artifact != c.artifact]
+    auc = "" if other else f", AUC {iv(c.value, c.lo, c.hi, d=3)} against {c.baseline:.3f}"   # the row has it
+    parts = [f"Membership inference by {by} on {mw(c.group)}'s {what} finds {_tpr(c)} of members at 1% "
+             f"false positives (chance: 1%) on {words(c.group[0])}{auc} ({runs(c)}, {c.state}) {link(c)}"]
+    if other:
+        o = max(other, key=lambda d: float(tpr(d)))
+        parts.append(f", and on the {words(o.artifact)} at most {_tpr(o)} ({runs(o)}, {mw(o.group)} on "
+                     f"{words(o.group[0])}) {link(o)}")
+    return _fit(parts)
+
+
+def _tpr(c: Cell) -> str:
     r = c.row
-    t = iv(float(r["tpr@0.01fpr"]), num(r["tpr@0.01fpr_ci_low"]), num(r["tpr@0.01fpr_ci_high"]), d=3)
-    return _fit([f"Membership inference finds {t} of members at 1% false positives (chance: 1%) for "
-                 f"{words(c.method)} on {words(c.group[0])}, with AUC {iv(c.value, c.lo, c.hi, d=3)} against "
-                 f"{c.baseline:.3f} ({runs(c)}, {c.state}) {link(c)}"])
+    return iv(float(r["tpr@0.01fpr"]), num(r["tpr@0.01fpr_ci_low"]), num(r["tpr@0.01fpr_ci_high"]), d=3)
 
 
 def accuracy(m: Model) -> str | None:
@@ -174,14 +200,14 @@ def accuracy(m: Model) -> str | None:
     if firm:
         c = max(firm, key=lambda c: abs(c.diff))
         at = _at(m, c)
-        return _late(m, [f"{words(c.a[1] + c.a[2])} minus {words(c.b[1] + c.b[2])} in held-out accuracy on "
+        return _late(m, [f"{mw(c.a)} minus {mw(c.b)} in held-out accuracy on "
                      f"{words(c.dataset)} is {iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}",
                      f", and {len(main) - len(firm)} other accuracy differences are not resolved"])
     c = max(main, key=lambda c: max(abs(c.lo), abs(c.hi)))
     at = _at(m, c)
     x = max(abs(c.lo), abs(c.hi))
-    return _late(m, [f"No held-out accuracy difference to {words(m.reference)} is resolved at this budget, every one lies "
-                 f"within ±{x:.3f} at 95%, the widest being {words(c.a[1] + c.a[2])} on {words(c.dataset)} at "
+    return _late(m, [f"No held-out accuracy difference to {mw(('', m.reference, ''))} is resolved at this budget, every one lies "
+                 f"within ±{x:.3f} at 95%, the widest being {mw(c.a)} on {words(c.dataset)} at "
                  f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}"])
 
 
@@ -189,7 +215,7 @@ def _late(m: Model, parts: list[str]) -> str:
     """``_fit(parts)``, with the methods whose accuracy is NOT CONVERGED named first (tables.not_converged)."""
     late = [r["key"] for r in T.accuracy_table(m.res) if T.not_converged(r)]
     if late:
-        parts.insert(1, ", and " + ", ".join(f"{words(g[1] + g[2])} on {words(g[0])}" for g in late)
+        parts.insert(1, ", and " + ", ".join(f"{mw(g)} on {words(g[0])}" for g in late)
                      + " had NOT CONVERGED")
     return _fit(parts)
 
@@ -206,8 +232,8 @@ def traffic(m: Model) -> str | None:
     if not pct:
         return None
     p, g, acc, racc = max(pct, key=lambda t: t[0])
-    return _fit([f"{words(m.reference)} sends {human_bytes(m.bytes[racc.group])} per run on {words(g[0])} "
-                 f"({runs(racc)}) {link(racc)}, and {words(g[1] + g[2])} sends {human_bytes(m.bytes[g])}, "
+    return _fit([f"{mw(('', m.reference, ''))} sends {human_bytes(m.bytes[racc.group])} per run on {words(g[0])} "
+                 f"({runs(racc)}) {link(racc)}, and {mw(g)} sends {human_bytes(m.bytes[g])}, "
                  f"{p:.0f}% of that ({runs(acc)}) {link(acc)}"])
 
 
