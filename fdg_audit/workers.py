@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 from functools import lru_cache
 
 
@@ -17,17 +16,11 @@ def worker_context():
     os.environ["PYTHONSAFEPATH"] = "1"
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        # the core only: never a plugin or the parent's data. torch._dynamo too: torch imports it on the first
+        # the core only (after fdg_audit.deaf: no Ctrl-C from here on), never a plugin or the parent's data.
+        # torch._dynamo too: torch imports it on the first
         # optimizer a process builds (seconds), which every worker that trains or optimises would pay again
-        ctx.set_forkserver_preload(["fdg_audit.audit.harness", "torch._dynamo"])
-        # Ctrl-C reaches the whole foreground process group: a forkserver still importing torch died mid-load
-        # (oneMKL printed a FATAL line after the harness's one-line error). It starts with SIGINT blocked, as
-        # multiprocessing's resource tracker does; it ignores SIGINT once its preload is done.
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            from multiprocessing import forkserver
-            forkserver.ensure_running()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        ctx.set_forkserver_preload(["fdg_audit.deaf", "fdg_audit.audit.harness", "torch._dynamo"])
+        from multiprocessing import forkserver
+        forkserver.ensure_running()   # now: its imports overlap the caller's work before its first worker
         return ctx
     return mp.get_context("spawn")

@@ -202,6 +202,8 @@ def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = Tr
     parallel = max(1, parallel) if isolate else 1
     threads = threads or (max(1, torch.get_num_threads() // parallel) if parallel > 1 else 0)
     rows, controls, cache = [], [], {}
+    if isolate and sandbox.sandbox_mode() == "process":   # the forkserver starts now, well before the first job
+        sandbox.worker_context()
     pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
     env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
                           isolate=isolate, pool=pool, quiet=quiet,

@@ -194,8 +194,12 @@ def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> 
             if _STOP.is_set():
                 raise AttackFailed("stopped before it started (the harness is stopping)")
             p = worker_context().Process(target=_worker, args=(str(folder), paths, nonce), daemon=True)
-            p.start()
-            _LIVE.add(p)
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # a Ctrl-C comes after start():
+            try:                                                               # then the worker has a pid to stop
+                p.start()
+                _LIVE.add(p)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
         p.join(spec["timeout"])
         if p.exitcode is None:
             raise _timed_out(spec["timeout"])

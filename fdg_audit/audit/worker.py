@@ -77,7 +77,10 @@ def _worker(folder: str, paths: dict, nonce: str = "") -> None:
         os.setsid()
     except OSError:
         pass
-    os.chdir(folder)
+    try:
+        os.chdir(folder)
+    except OSError:   # the harness stopped and removed the view before this worker began: nothing to do, nothing to say
+        os._exit(1)
     sys.argv = ["fdg_audit-attack-worker"]
     keep = clean_env()
     os.environ.clear()
