@@ -811,3 +811,13 @@ def test_tied_outputs_count_each_image_once():
     assert len(S.merge([a.sub(ids < 3), b.sub(ids >= 3)])) == 6              # disjoint halves: every item kept
     auc = S.Items("auc", np.arange(4.0), y=np.array([0, 1, 0, 1]), ids=np.arange(4))
     assert len(S.merge([auc, auc])) == 8
+
+
+def test_differences_without_spread_get_the_exact_sign_flip_p_not_zero():
+    """Three runs that all differ by +0.75 gave a zero-width interval and p = 0 (the t-test divides by a zero
+    spread), so Holm called them distinguishable; the exact sign-flip p of 3 pairs is 2/8, and the call is not firm.
+    With spread, the t-test's p stays."""
+    flat = S.compare([0.75, 0.75, 0.75], metric="reid")
+    assert flat["p"] == pytest.approx(0.25) and flat["call"] != "distinguishable"
+    spread = S.compare([0.7, 0.75, 0.8, 0.72, 0.78], metric="reid")
+    assert spread["p"] == pytest.approx(S.t_test_p([0.7, 0.75, 0.8, 0.72, 0.78])) and spread["p"] < 0.001

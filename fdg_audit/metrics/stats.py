@@ -224,8 +224,11 @@ def compare(diffs, conf: float = LEVEL, strata=None, metric: str = "") -> dict:
     p-values, and the unadjusted call ("not testable" below MIN_RUNS runs; without a metric, never "not
     distinguishable"). Adjust a family's calls with ``holm_calls``."""
     m, lo, hi, n = t_interval(diffs, conf, strata)
-    p = t_test_p(diffs, strata) if n >= MIN_RUNS else float("nan")
-    out = dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=signflip_p(diffs), metric=metric)
+    ps = signflip_p(diffs)
+    d = np.asarray(diffs, float)
+    # the t-test is undefined on differences without spread (it gives p = 0 at any n): the exact sign-flip then
+    p = (ps if np.ptp(d[np.isfinite(d)]) == 0 else t_test_p(diffs, strata)) if n >= MIN_RUNS else float("nan")
+    out = dict(mean=m, lo=lo, hi=hi, n=n, p=p, p_signflip=ps, metric=metric)
     return out | dict(call=call(p, n, lo, hi, margin_of(metric)))
 
 

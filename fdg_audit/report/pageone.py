@@ -130,7 +130,7 @@ def weights_reach(m: Model) -> str | None:
     best = max(top.values())
     if not best:
         c = max((c for pts in reach.values() for p in pts if p[0] for c in p[2]), key=lambda c: c.value)
-        return _fit([f"No method's {words(w)} give back images at any client size: the highest is "
+        return _fit([f"No method gives back images through its {words(w)} at any client size: the highest is "
                      f"{iv(c.value, c.lo, c.hi)} against {c.baseline:.2f} on {words(c.group[0])} ({runs(c)}) "
                      f"{link(c)}"])
     tied = [ds for ds in reach if top[ds] == best]
