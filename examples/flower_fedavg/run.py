@@ -22,11 +22,12 @@ from fdg_audit.flower import FlowerRecorder  # noqa: E402
 from fdg_audit.models import ModelConfig  # noqa: E402
 
 SETTINGS = dict(rounds=30, local_epochs=1, batch_size=32, lr=0.05)   # the main job's [train]
-ATTACKS = [   # the main job's settings of the attacks that apply (scenarios/feddg_vs_csac.toml)
-    dict(name="update_inversion", iterations=400, restarts=1, max_images=4),
+ATTACKS = [   # the attacks that read the weights and the bank, at a budget of minutes per folder on 2 cores (the main
+    # job, scenarios/feddg_vs_csac.toml, runs update inversion at 400 iterations and phase retrieval at 8 images)
+    dict(name="update_inversion", iterations=200, restarts=1, max_images=4),
     dict(name="amplitude_phase_retrieval", adversary_view="server", hio=300, er=100, restarts=1,
-         variants=["box", "support"], max_images=8),
-    dict(name="label_distribution"),
+         variants=["box", "support"], max_images=4),
+    dict(name="amplitude_fingerprint", adversary_view="server"),
 ]
 
 
