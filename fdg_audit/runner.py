@@ -72,9 +72,10 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
         if sc0.report:
             write_report([root], root, quiet=quiet)
     except KeyboardInterrupt:
+        again = shlex.join([str(path)] + (["--set", *sets] if sets else []))
         raise UserError(f"interrupted while attacking or reporting: all {len(runs)} runs and every finished attack "
-                        f"job are kept in {root}; go on with: python -m fdg_audit attack {shlex.quote(str(root))} "
-                        f"--resume") from None
+                        f"job are kept in {root}; go on with: python -m fdg_audit scenario {again} --resume "
+                        f"{shlex.quote(str(root))}") from None
     if any(r["status"] != "ok" for r in summary["runs"]):
         failed = [r["run"] for r in summary["runs"] if r["status"] != "ok"]
         raise RuntimeError(f"{len(failed)} run(s) failed (see {root / 'summary.json'}): {', '.join(failed)}")

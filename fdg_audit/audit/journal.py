@@ -4,8 +4,8 @@ where it stopped.
 
 RUN/attack_jobs/<label>/<key>/ (``key``: a hash of the attack's name, label, params and device: other settings are
 another folder): ``controls.json`` (its Controls) and one ``<run>.json`` per attacked run ({"cpu": the job's CPU
-seconds, "csv": its leakage.csv rows as written}), each written atomically. A run without a record (never finished,
-failed, or damaged) runs again.
+seconds, "csv": its leakage.csv rows as written}), each written atomically and read as data, no link followed
+(fdg_audit.store.safe). A run without a record (never finished, failed, or damaged) runs again.
 """
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
 from ..attack import Control
 from ..store.ledger import atomic_write
 from ..store.runfolder import LEAK_FIELDS, run_tag
-from ..store.safe import bounded
+from ..store.safe import bounded, read_in
 
 
 class Journal:
@@ -29,14 +30,22 @@ class Journal:
 
     def __init__(self, root, label: str, job: dict, resume: bool):
         key = json.dumps({k: job.get(k) for k in ("attack", "label", "params", "device")}, sort_keys=True, default=str)
-        self.dir = Path(root) / "attack_jobs" / bounded(label) / hashlib.sha256(key.encode()).hexdigest()[:16]
-        if not resume:
-            shutil.rmtree(self.dir.parent, ignore_errors=True)
+        self.root = Path(root)
+        self.dir = self.root / "attack_jobs" / bounded(label) / hashlib.sha256(key.encode()).hexdigest()[:16]
+        if not resume:   # the attack's folder, removed inside attack_jobs/ (a link there is not followed)
+            try:
+                fd = os.open(self.root / "attack_jobs", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                return
+            try:
+                shutil.rmtree(self.dir.parent.name, dir_fd=fd, ignore_errors=True)
+            finally:
+                os.close(fd)
 
     def _read(self, name: str):
         try:
-            return json.loads((self.dir / name).read_text())
-        except (OSError, ValueError):
+            return json.loads(read_in(self.root, self.dir / name) or b"null")
+        except ValueError:
             return None
 
     def controls(self) -> list | None:
@@ -65,5 +74,4 @@ class Journal:
         self._write(run_tag(run) + ".json", dict(cpu=cpu, csv=buf.getvalue()))
 
     def _write(self, name: str, record) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.dir / name, json.dumps(record))
+        atomic_write(self.dir / name, json.dumps(record), self.root)
