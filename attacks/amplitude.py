@@ -96,7 +96,7 @@ class _BankAttack(Attack):
             raise UserError(f"{self.name}: unknown variant {bad[0]!r}: use {', '.join(self.outputs)}")
 
     def cost(self) -> dict:   # the cost guard (fdg_audit.audit.coverage.estimate): its own CPU s per run, main job's
-        return {"run": 2.0}
+        return {"run": 3.0}
 
 
 def amplitude(x: torch.Tensor, like: tuple | None = None) -> torch.Tensor:
@@ -342,8 +342,8 @@ class PhaseRetrieval(_BankAttack):
 
     def cost(self) -> dict:   # the cost guard: per image, iteration, restart and variant; the learned prior per run
         p = self.p
-        return {"run": 30.0 * p.prior_steps / 1e3 * ("learned" in p.variants), "max_images": p.max_images,
-                "image": 0.28 / 1e3 * (p.hio + p.er) * p.restarts * len(p.variants) + 0.3 * len(p.variants)}
+        return {"run": 25.0 * p.prior_steps / 1e3 * ("learned" in p.variants), "max_images": p.max_images,
+                "image": 0.066 / 1e3 * (p.hio + p.er) * p.restarts * len(p.variants) + 0.025 * len(p.variants)}
 
     def _support(self, variant: str, aux, victim: str, size: int) -> torch.Tensor | None:
         if variant == "box":

@@ -193,7 +193,7 @@ class FedAvgLeakage(Attack):
         round, update_inversion's cost x 1.5 (bench/attack_cost.py, side by side); not fitted on a main job."""
         p = self.p
         its = p.iterations * p.restarts * max(1, len(p.rounds))
-        return {"victim": 1.0, "image_step": 1.5 * 3.9 / 1e3 * its, "max_images": p.max_images}
+        return {"victim": 1.5, "image_step": 1.5 * 5.2 / 1e3 * its, "max_images": p.max_images}
 
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)

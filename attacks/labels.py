@@ -87,7 +87,7 @@ class LabelDistribution(Attack):
     Params = LabelParams
 
     def cost(self) -> dict:   # the cost guard (fdg_audit.audit.coverage.estimate): its own CPU s per run, main job's
-        return {"run": 2.0}
+        return {"run": 0.5}
 
     def run(self, view, aux):
         p = view.settings   # the method's public protocol (TrainParams fields)

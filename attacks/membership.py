@@ -318,7 +318,7 @@ class _Membership(Attack):
                               self.p.max_victims)
 
     def cost(self) -> dict:   # the cost guard: per run, and a reference federation ~ a run's training (uncalibrated)
-        return {"run": 2.0 + 20.0 * getattr(self.p, "refs", 0) * (2 if getattr(self.p, "online", False) else 1)}
+        return {"run": 0.5 + 20.0 * getattr(self.p, "refs", 0) * (2 if getattr(self.p, "online", False) else 1)}
 
     def run(self, view, aux):
         outs, ready = [], []

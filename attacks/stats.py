@@ -102,7 +102,7 @@ class NormStatsDomain(Attack):
     Params = NormStatsParams
 
     def cost(self) -> dict:   # the cost guard (fdg_audit.audit.coverage.estimate): its own CPU s per run, main job's
-        return {"run": 2.0}
+        return {"run": 0.5}
 
     @staticmethod
     def classify(model, glob: torch.Tensor, victims: torch.Tensor, samples: list[torch.Tensor], batch: int,
@@ -243,7 +243,7 @@ class DatasetSize(Attack):
     Params = SizeParams
 
     def cost(self) -> dict:   # the cost guard: its own CPU s per run (the main job's)
-        return {"run": 2.0}
+        return {"run": 0.5}
 
     def run(self, view, aux):
         gen = torch.Generator().manual_seed(self.p.seed)

@@ -131,8 +131,9 @@ def write_coverage(root) -> Path:
     return path
 
 
-JOB_S = 3.0   # CPU s of any attack job beyond the attack's own work: its worker (under bubblewrap a fresh interpreter
-#               importing torch), its view and its scoring; measured on the main job (bench/attack_cost.py --against)
+JOB_S = 6.0   # CPU s of any attack job beyond the attack's own work: its worker (under bubblewrap a fresh interpreter
+#               importing torch), its view and its scoring: 6.1-6.7 CPU s per job of norm_stats_domain and
+#               mia_trajectory on the main job (draw 2, idle; bench/attack_cost.py --against)
 
 
 def estimate(attacks: dict, runs: list[dict]) -> dict[str, float | None]:
