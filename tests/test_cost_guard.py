@@ -47,11 +47,12 @@ def test_every_attack_of_the_main_job_is_estimated(tmp_path, capsys):
 def test_an_attack_without_a_cost_is_named_and_not_counted(tmp_path, capsys):
     runs, described = _plan(tmp_path, tiny_scenario(attacks=[{"name": "dataset_size"}, {"name": f"{HERE}:Costless"}]))
     est = cost_guard(runs, described, math.inf)
-    assert est["costless"] is None and est["dataset_size"] > 0
+    label = f"{HERE}:Costless"
+    assert est[label] is None and est["dataset_size"] > 0
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line.endswith("not estimated (not in the total): costless"), line
+    assert line.endswith(f"not estimated (not in the total): {label}"), line
     with pytest.raises(UserError, match=r"over attack_budget_s = 0\.001 \(dearest: dataset_size \d+ s; not estimated "
-                                        r"\(not in the total\): costless\)"):
+                                        r"\(not in the total\): test_cost_guard:Costless\)"):
         cost_guard(runs, described, 0.001, quiet=True)
 
 
