@@ -188,6 +188,13 @@ class FedAvgLeakage(Attack):
     budget = {"*": (("iterations",), "restarts")}   # a cap: the plateau rule may stop it earlier
     Params = Params
 
+    def cost(self) -> dict:
+        """The cost guard's estimate: per dummy image, local step (one dummy copy per epoch), iteration, restart and
+        round, update_inversion's cost x 1.5 (bench/attack_cost.py, side by side); not fitted on a main job."""
+        p = self.p
+        its = p.iterations * p.restarts * max(1, len(p.rounds))
+        return {"victim": 1.5, "image_step": 1.5 * 5.2 / 1e3 * its, "max_images": p.max_images}
+
     def __init__(self, params=None, device: str = "cpu"):
         super().__init__(params, device)
         if min(self.p.restarts, self.p.iterations, self.p.match_every, self.p.plateau_window) < 1:

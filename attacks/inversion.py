@@ -156,9 +156,14 @@ class UpdateInversion(Attack):
         self.adversary = self.p.adversary_view
 
     def cost(self) -> dict:
-        """The cost guard's estimate: 3.5 ms per dummy image, iteration and restart (the main job's update inversion
-        time, README, over its victims' dummy images x 400 iterations; the plateau rule may stop earlier)."""
-        return {"victim": 1.0, "image": 3.5e-3 * self.p.iterations * self.p.restarts, "max_images": self.p.max_images}
+        """The cost guard's estimate (fdg_audit.audit.coverage.estimate): 5.2 ms per dummy image, local step of the
+        victim's update, iteration, restart and round (an iteration unrolls the local steps), 1.5 s per victim, and the
+        learned prior's training per run (its steps); fitted on the main job's update inversion of small clients
+        (FedAvg and FedDG send n_samples; CSAC's size search costs more, the plateau rule stops some victims early)."""
+        p = self.p
+        its = p.iterations * p.restarts * max(1, len(p.rounds))
+        return {"run": 25.0 * p.prior_steps / 1e3 if p.prior == "learned" else 0.0, "victim": 1.5,
+                "image_step": 5.2 / 1e3 * its, "max_images": p.max_images}
 
     def _gen(self, *keys) -> torch.Generator:
         return seeding.torch_gen(self.p.seed, *keys)

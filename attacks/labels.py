@@ -86,6 +86,9 @@ class LabelDistribution(Attack):
                   f"model's mean softmax on public images; data size: {w}" for k, w in SIZE_WORDS.items()}
     Params = LabelParams
 
+    def cost(self) -> dict:   # the cost guard (fdg_audit.audit.coverage.estimate): its own CPU s per run, main job's
+        return {"run": 0.5}
+
     def run(self, view, aux):
         p = view.settings   # the method's public protocol (TrainParams fields)
         gen = torch.Generator().manual_seed(self.p.seed)

@@ -314,8 +314,11 @@ class _Membership(Attack):
             self.adversary = "client"
 
     def victims(self, view, aux) -> list[str]:
-        vs = [c for c in view.clients if c in aux.candidates and c != view.me]
-        return sample_victims(view, vs, self.p.max_victims)
+        return sample_victims(view, [c for c in view.clients if c in aux.candidates and c != view.me],
+                              self.p.max_victims)
+
+    def cost(self) -> dict:   # the cost guard: per run, and a reference federation ~ a run's training (uncalibrated)
+        return {"run": 0.5 + 20.0 * getattr(self.p, "refs", 0) * (2 if getattr(self.p, "online", False) else 1)}
 
     def run(self, view, aux):
         outs, ready = [], []
@@ -396,8 +399,7 @@ class LiRA(_Referenced):
         fixed_variance: bool = True
 
     def attack(self, view, aux, targets):
-        refs = references(view, aux, self.p, [v for v, _ in targets], self.p.online)
-        outs = []
+        refs, outs = references(view, aux, self.p, [v for v, _ in targets], self.p.online), []
         for v, (rnd, state) in targets:
             c = aux.candidates[v]
             phi = logit_conf(logits(view.model(state), c.x), c.y)
@@ -430,8 +432,7 @@ class RMIA(_Referenced):
         torch thread, 0.96 on two)."""
         if self.p.a >= 0 or len(refs.states) < 2:
             return self.p.a if self.p.a >= 0 else 0.3
-        t = self.p.temperature
-        pool, pop = refs.pool, refs.population
+        t, pool, pop = self.p.temperature, refs.pool, refs.population
         models = [view.model(s[v]) for s in refs.states]
         px = np.stack([prob(logits(m, pool.x), pool.y, t) for m in models])
         pz = np.stack([prob(logits(m, pop.x), pop.y, t) for m in models])
@@ -481,8 +482,7 @@ class Trajectory(_Membership):
             c = aux.candidates[v]
             traj = [(r, s) for r, s in target_states(view, v, self.p.target_model, every_round=True)
                     if r >= self.p.start_round]
-            losses = np.stack([ce(logits(view.model(s), c.x), c.y) for _, s in traj])
-            rnd = traj[-1][0]
+            losses, rnd = np.stack([ce(logits(view.model(s), c.x), c.y) for _, s in traj]), traj[-1][0]
             outs += [Scores(v, "weights", rnd, -trend_slope(losses), "slope"),
                      Scores(v, "weights", rnd, -losses[-1], "last"),
                      Scores(v, "weights", rnd, -losses.mean(0), "mean")]

@@ -101,6 +101,9 @@ class NormStatsDomain(Attack):
     knows = ("architecture", "bn_statistics")
     Params = NormStatsParams
 
+    def cost(self) -> dict:   # the cost guard (fdg_audit.audit.coverage.estimate): its own CPU s per run, main job's
+        return {"run": 0.5}
+
     @staticmethod
     def classify(model, glob: torch.Tensor, victims: torch.Tensor, samples: list[torch.Tensor], batch: int,
                  n_batches: int, gen) -> np.ndarray:
@@ -238,6 +241,9 @@ class DatasetSize(Attack):
     outputs = SIZE_WORDS
     knows = ("architecture", "local_hyperparams")   # the update-norm estimate replays local training on public data
     Params = SizeParams
+
+    def cost(self) -> dict:   # the cost guard: its own CPU s per run (the main job's)
+        return {"run": 0.5}
 
     def run(self, view, aux):
         gen = torch.Generator().manual_seed(self.p.seed)

@@ -15,10 +15,19 @@ on the same n images, and the ratio to the same attack at the smallest size:
     VAE; its pixel stage costs as "box").
 Training the learned prior is a one-off per (data set, seed, aux), shared across jobs: its per-step cost is the
 last row. Run it on an idle machine with one torch thread; under load the numbers mean little.
+
+    python bench/attack_cost.py --against RUN_DIR --log LOG [--parallel 2]
+
+The cost guard against an attacked run folder: per attack, the guard's estimate for the folder's scenario
+(config.resolved.toml, planned again: its data are built) next to the measured time from the attack lines of LOG
+(the scenario's or ``attack``'s stderr): "C CPU s" where the line has it (workers + harness), else the wall seconds x
+``--parallel`` (an upper bound of the CPU seconds on that many cores, marked "wall").
 """
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,6 +53,26 @@ def clock(fn, its: int) -> tuple[float, float]:
     return 1e3 * (time.perf_counter() - w) / its, 1e3 * (time.process_time() - c) / its
 
 
+def against(run_dir: str, log: str, parallel: int) -> None:
+    """Print the cost guard's estimate of each attack of ``run_dir`` beside the time LOG's attack lines measured."""
+    from fdg_audit.audit.checks import check_attacks
+    from fdg_audit.runner import cost_guard
+    from fdg_audit.scenario import load_raw, plan
+    runs = plan(load_raw(Path(run_dir) / "config.resolved.toml"))
+    est = cost_guard(runs, check_attacks(runs[0]["sc"].attacks), math.inf, quiet=True)
+    got = {}
+    for m in re.finditer(r"^attack (\S+): (\d+) runs[^,]*, (\d+) s(?:, (\d+) CPU s)?", Path(log).read_text(), re.M):
+        got[m[1]] = (float(m[4]), "CPU") if m[4] else (parallel * float(m[3]), "wall")
+    print(f"{'attack':<28} {'estimate CPU s':>14} {'measured s':>11} {'':4} {'ratio':>6}")
+    tot_e = tot_m = 0.0
+    for label in sorted(set(est) | set(got)):
+        e, (m, how) = est.get(label), got.get(label, (math.nan, ""))
+        tot_e, tot_m = tot_e + (e or 0.0), tot_m + (0.0 if math.isnan(m) else m)
+        print(f"{label:<28} {'not estimated' if e is None else f'{e:.0f}':>14} {m:>11.0f} {how:4} "
+              f"{(e or math.nan) / m:>6.2f}")
+    print(f"{'total':<28} {tot_e:>14.0f} {tot_m:>11.0f} {'':4} {tot_e / tot_m:>6.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -52,7 +81,12 @@ def main() -> None:
     ap.add_argument("--prior-steps", type=int, default=50, help="VAE training steps timed (and used by the rows)")
     ap.add_argument("--dataset", default="mnist", help="mnist (the main job's real digits) or digits (embedded)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--against", help="an attacked run folder: compare the cost guard with LOG (see above)")
+    ap.add_argument("--log", help="the attack lines of that folder's run (its stderr)")
+    ap.add_argument("--parallel", type=int, default=2, help="cores the attacks ran on (wall x this = CPU bound)")
     a = ap.parse_args()
+    if a.against:
+        return against(a.against, a.log, a.parallel)
     torch.set_num_threads(a.threads)
     its, sizes = a.iterations, sorted(a.sizes)
     need = a.victims * max(sizes)

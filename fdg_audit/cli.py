@@ -1,5 +1,8 @@
-"""``python -m fdg_audit scenario|attack|report|plugins``. User errors print as one line, exit code 2."""
+"""``python -m fdg_audit scenario|attack|report|plugins``. User errors print as one line, exit code 2; SIGTERM
+stops as Ctrl-C does (workers stopped, every finished file and attack job kept)."""
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import List
 
@@ -31,6 +34,8 @@ class AttackArgs:
         help="import module:Class plugins the run folder names (only for folders you trust)"))
     in_process: bool = field(default=False, metadata=dict(
         help="run attacks inside this process (debugging: the view boundary is not enforced)"))
+    resume: bool = field(default=False, metadata=dict(
+        help="go on with an interrupted attack: keep the jobs it finished (same settings), run the rest"))
 
 
 @dataclass
@@ -42,8 +47,9 @@ class ReportArgs:
 USAGE = """usage: python -m fdg_audit COMMAND ...
   scenario FILE [--set key=value ...] [--resume RUN_DIR] [--preview] [--yes]
                                         run a scenario (train, record, attack, report), or finish one
-  attack RUN_DIR [--attacks NAME ...] [--trust-plugins] [--in-process]
-                                        re-run attacks on a finished run folder
+  attack RUN_DIR [--attacks NAME ...] [--trust-plugins] [--in-process] [--resume]
+                                        re-run attacks on a finished run folder (--resume: go on with an
+                                        interrupted one, its finished jobs kept)
   report RUN_DIR [RUN_DIR ...]          aggregate run folders into report.md + plots
   answer REPORT_DIR                     print a report's page one as markdown (the README's answer)
   plugins                               list methods and attacks and where they come from
@@ -86,11 +92,25 @@ def describe() -> str:
     return "\n".join(lines)
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt   # SIGTERM: the same clean stop as Ctrl-C
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _main(argv: list) -> int:
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "scenario":
@@ -106,7 +126,7 @@ def main(argv=None) -> int:
         elif cmd == "attack":
             a = ArgumentParser(AttackArgs, prog="fdg_audit attack").parse_args(rest)
             from .runner import run_attacks_cli
-            print(run_attacks_cli(a.run_dir, a.attacks, a.quiet, a.trust_plugins, not a.in_process))
+            print(run_attacks_cli(a.run_dir, a.attacks, a.quiet, a.trust_plugins, not a.in_process, a.resume))
         elif cmd == "report":
             a = ArgumentParser(ReportArgs, prog="fdg_audit report").parse_args(rest)
             from .report import write_report
@@ -134,7 +154,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         import signal
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C while workers are stopped adds nothing
-        print("error: interrupted; every file written so far is complete (outputs are written atomically)", file=sys.stderr)
+        print("error: interrupted; every file written so far is complete (outputs are written atomically)"
+              + ("; the finished attack jobs are kept: add --resume to go on" if cmd == "attack" else ""),
+              file=sys.stderr)
         return 2
     except RecursionError:
         print("error: an input nests too deeply (a damaged or hostile JSON or TOML file): check the files given",

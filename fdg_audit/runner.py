@@ -66,13 +66,16 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     atomic_write(root / "summary.json", json.dumps(summary, indent=1, default=str))
     try:
         if attack_cfgs:
-            run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads)
+            run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads,
+                        resume=resume is not None)
         write_coverage(root)
         if sc0.report:
             write_report([root], root, quiet=quiet)
     except KeyboardInterrupt:
-        raise UserError(f"interrupted while attacking or reporting: all {len(runs)} runs finished in {root}; attack "
-                        f"with: python -m fdg_audit attack {shlex.quote(str(root))}") from None
+        again = shlex.join([str(path)] + (["--set", *sets] if sets else []))
+        raise UserError(f"interrupted while attacking or reporting: all {len(runs)} runs and every finished attack "
+                        f"job are kept in {root}; go on with: python -m fdg_audit scenario {again} --resume "
+                        f"{shlex.quote(str(root))}") from None
     if any(r["status"] != "ok" for r in summary["runs"]):
         failed = [r["run"] for r in summary["runs"] if r["status"] != "ok"]
         raise RuntimeError(f"{len(failed)} run(s) failed (see {root / 'summary.json'}): {', '.join(failed)}")
@@ -102,23 +105,32 @@ def plan_coverage(runs: list[dict], described: dict, quiet: bool = False) -> Non
 
 def cost_guard(runs: list[dict], described: dict, budget: float, yes: bool = False, quiet: bool = False) -> dict:
     """Before training: each attack's estimated CPU seconds over the plan (``coverage.estimate``, from the attacks'
-    own per-victim and per-image costs); above ``attack_budget_s`` one line that names the dearest attacks and the
-    knobs, unless ``yes``. Returns the estimates."""
+    own costs per run, victim and image); above ``attack_budget_s`` one line that names the dearest attacks and the
+    knobs, unless ``yes``. An attack that declares no cost is named as not estimated (left out of the total, never
+    counted as 0). Returns the estimates (None: not estimated)."""
     plan = [dict(kinds=load_method(r["method"].name).kinds, target=r["target"], seed=r["seed"], dataset=r["ds"].label,
+                 steps=local_steps(r["params"]),
                  clients={c.name: len(c.train.y) for d in r["data"].domains if d.name != r["target"]
                           for c in r["data"].clients(d.name)}) for r in runs]
     est = estimate(described, plan)
-    total, top = sum(est.values()), sorted(est.items(), key=lambda kv: -kv[1])[:3]
-    none = sorted(label for label, d in described.items() if not d.cost)
-    if not quiet and described:
-        print(f"attacks: about {total / 60:.1f} CPU min estimated ({', '.join(f'{a} {s:.0f} s' for a, s in top)})"
-              + (f"; not estimated: {', '.join(none)}" if none else ""))
+    known = {a: s for a, s in est.items() if s is not None}
+    total, top = sum(known.values()), sorted(known.items(), key=lambda kv: -kv[1])[:3]
+    none = sorted(a for a, s in est.items() if s is None)
+    left = f"; not estimated (not in the total): {', '.join(none)}" if none else ""
+    if not quiet and est:
+        print(f"attacks: about {total / 60:.1f} CPU min estimated ({', '.join(f'{a} {s:.0f} s' for a, s in top)})" + left)
     if total > budget and not yes:
         raise UserError(f"the attacks are estimated at {total:.0f} CPU s, over attack_budget_s = {budget:g} (dearest: "
-                        f"{', '.join(f'{a} {s:.0f} s' for a, s in top)}): lower their iterations/restarts, max_images "
-                        f"or max_victims, limit them with targets/seeds/datasets (or exclude them), raise "
+                        f"{', '.join(f'{a} {s:.0f} s' for a, s in top)}{left}): lower their iterations/restarts, "
+                        f"max_images or max_victims, limit them with targets/seeds/datasets (or exclude them), raise "
                         f"attack_budget_s, or pass --yes")
     return est
+
+
+def local_steps(params):
+    """n -> the local steps of a client of n images under the method's training parameters (one round)."""
+    return lambda n: getattr(params, "local_steps", 0) or -(-n // getattr(params, "batch_size", 32)) * \
+        getattr(params, "local_epochs", 1)
 
 
 def check_filters(described: dict, runs: list[dict]) -> None:
@@ -138,9 +150,10 @@ def check_filters(described: dict, runs: list[dict]) -> None:
 
 
 def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: bool = False,
-                    isolate: bool = True) -> str:
+                    isolate: bool = True, resume: bool = False) -> str:
     """``attack RUN_DIR``: plugins named by the folder load only if installed (or ``trust``); ``names`` are the
-    user's own choice (command line) and load from anywhere."""
+    user's own choice (command line) and load from anywhere. ``resume``: keep the jobs an interrupted attack of
+    the same settings finished (``run_attacks``)."""
     root = Path(run_dir)
     RunFolder(root).summary()
     with from_folder(root, allow=names, trust=trust):
@@ -151,7 +164,7 @@ def run_attacks_cli(run_dir: str, names: list[str], quiet: bool = False, trust: 
         pick = lambda n: next((c for c in conf if c.label == n), None) or \
             next((c for c in conf if c.name == n), None) or AttackEntry(n)  # noqa: E731
         cfgs = [pick(n) for n in names] if names else conf or [AttackEntry(n) for n in sorted(available("attack"))]
-        out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads)
+        out = run_attacks(root, cfgs, quiet, isolate, sc.parallel, sc.threads, resume)
     cov = write_coverage(root)
     return (f"leakage: {out}; coverage: {cov}; report.md not updated: python -m fdg_audit report "
             f"{shlex.quote(str(root))}")

@@ -75,8 +75,9 @@ class Scenario:
                                                    # which scenario ran them and where its report is
     attack_timeout: float = 3600.0   # seconds one attack worker (describe, control, one run) may take; then killed
     attack_memory_gb: float = 8.0    # memory (GB of address space beyond its start) of one attack job; beyond it the job fails
-    attack_budget_s: float = 1800.0  # the cost guard: a plan whose attacks are estimated above this many CPU seconds
-                                     # stops before training and names the knobs (or runs with --yes)
+    attack_budget_s: float = 5400.0  # the cost guard (the main job: ~4400 CPU s): a plan whose attacks are estimated
+                                     # above this many CPU seconds stops before training and names the knobs
+                                     # (or runs with --yes)
 
 
 def parse_value(text: str):

@@ -6,7 +6,9 @@ ledger (what was sent), attacks.json (what each attack reads) and leakage.csv (w
 coverage.csv columns (one row per dataset, method and kind): ``dataset, method, kind``, ``senders`` ("client",
 "server" or "client+server": who sent it), ``runs`` (runs that sent it), ``status`` ("measured" or "not attacked: <reason>"),
 ``attack, output, metric`` (the strongest measurement: the largest mean value above its baseline over the rows of
-``HEADLINE`` metrics), ``value, baseline`` (means over the runs that have them), ``n`` (those runs), ``attacks`` (every
+``HEADLINE`` metrics, each against the scorecard's baseline: a reconstruction, whose cell is scored against the
+strongest free guess, counts by its re-identification only, not by rows scored against chance such as its label
+accuracy), ``value, baseline`` (means over the runs that have them), ``n`` (those runs), ``attacks`` (every
 attack that measured the kind, ";"-joined)."""
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ..metrics.registry import harm_of
 from ..store.ledger import Ledger, atomic_write
 from ..store.runfolder import RunFolder
 
@@ -81,7 +84,8 @@ def coverage_rows(root) -> list[dict]:
                    value="", baseline="", n="", attacks=";".join(sorted({r["attack"] for r in ok})))
         cells = defaultdict(lambda: defaultdict(list))   # (attack, output, metric) -> run -> (value, baseline)
         for r in ok:
-            if r["metric"] in HEADLINE and not math.isnan(_num(r["value"])):
+            if r["metric"] in HEADLINE and not math.isnan(_num(r["value"])) and \
+                    (not r.get("free_guess") or harm_of(r["metric"]) == "reconstruction"):   # the scorecard's baseline
                 cells[(r["attack"], r["output"], r["metric"])][r["run"]].append((_num(r["value"]), _num(r["baseline"])))
         best = None
         for key, per_run in cells.items():
@@ -127,26 +131,38 @@ def write_coverage(root) -> Path:
     return path
 
 
-def estimate(attacks: dict, runs: list[dict]) -> dict[str, float]:
-    """The cost guard's estimate, in CPU seconds, of each attack over the plan: ``attacks`` {label: Described},
-    ``runs`` the plan's runs (each with its ``method`` kinds as ``kinds``, ``clients`` {name: images},
-    ``target``, ``seed``, ``dataset``). An attack counts on a run when it reads a kind the method declares and its
-    filters want the run; per victim (at most ``max_victims``) ``victim`` + ``image`` x images (capped at its
-    ``max_images``), from ``Attack.cost()``; an attack without a cost counts 0 (not estimated)."""
+JOB_S = 6.0   # CPU s of any attack job beyond the attack's own work: its worker (under bubblewrap a fresh interpreter
+#               importing torch), its view and its scoring: 6.1-6.7 CPU s per job of norm_stats_domain and
+#               mia_trajectory on the main job (draw 2, idle; bench/attack_cost.py --against)
+
+
+def estimate(attacks: dict, runs: list[dict]) -> dict[str, float | None]:
+    """The cost guard's estimate, in CPU seconds, of each attack that will run on the plan: ``attacks`` {label:
+    Described}, ``runs`` the plan's runs (each with its method's kinds as ``kinds``, ``clients`` {name: images},
+    ``target``, ``seed``, ``dataset`` and ``steps`` (n -> local steps of a client of n images)). An attack counts on a
+    run when it reads a kind the method declares and its filters want the run: ``JOB_S`` and its ``"run"`` cost per
+    run, and per victim (at most ``max_victims``) ``"victim"`` + images (capped at ``"max_images"``) x (``"image"`` +
+    ``"image_step"`` x the victim's local steps), plus its control job (``JOB_S`` + ``"control"``); all from
+    ``Attack.cost()``. None: the attack declares no cost (not estimated, never counted as 0). An attack that reads
+    no run of the plan is left out."""
     out = {}
     for label, d in attacks.items():
         c, p = d.cost, d.p
-        total = 0.0
-        for r in runs:
-            if not any(reads(d.consumes, d.ignores, k) for k in r["kinds"]):
-                continue
-            if (p.targets and r["target"] not in p.targets) or (p.seeds and r["seed"] not in p.seeds) or \
-                    (p.datasets and r["dataset"] not in p.datasets):
-                continue
+        mine = [r for r in runs if any(reads(d.consumes, d.ignores, k) for k in r["kinds"])
+                and not ((p.targets and r["target"] not in p.targets) or (p.seeds and r["seed"] not in p.seeds)
+                         or (p.datasets and r["dataset"] not in p.datasets))]
+        if not mine:
+            continue
+        if not c:
+            out[label] = None
+            continue
+        cap, total = int(c.get("max_images", 0)), JOB_S + c.get("control", 0.0)
+        for r in mine:
             sizes = sorted(r["clients"].values())
-            sizes = sizes[:p.max_victims] if p.max_victims else sizes
-            cap = int(c.get("max_images", 0))
-            total += sum(c.get("victim", 0.0) + c.get("image", 0.0) * (min(n, cap) if cap else n) for n in sizes)
+            total += JOB_S + c.get("run", 0.0) + sum(
+                c.get("victim", 0.0) + (min(n, cap) if cap else n) * (c.get("image", 0.0) + c.get("image_step", 0.0)
+                                                                      * r["steps"](n))
+                for n in (sizes[:p.max_victims] if p.max_victims else sizes))
         out[label] = total
     return out
 

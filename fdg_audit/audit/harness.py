@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import time
 import tomllib
@@ -40,6 +41,7 @@ from ..store.safe import read_in
 from . import sandbox
 from .bwrap import PROTECT
 from .checks import OUTPUTS, Described, _checked, _make, checked_outputs
+from .journal import Journal
 from .sandbox import run_isolated, stop_workers
 from .scoring import Truth, build_aux, score
 from .transport import CACHE_KEY, AttackFailed, store_kept
@@ -116,32 +118,39 @@ def salted(atk, job: dict, run_seed: int) -> tuple:
 
 # ------------------------------------------------------------------------------------------- running
 
-def _controls(atk, job: dict, isolate: bool) -> list:
+def _controls(atk, job: dict, isolate: bool) -> tuple[list, float]:
+    """The attack's controls and their CPU seconds (NaN: not reported)."""
     if not isolate:
-        return atk.control()
+        t = time.process_time()
+        return atk.control(), time.process_time() - t
     try:
-        return run_isolated(dict(job, mode="control"), OUTPUTS)["controls"]
+        res = run_isolated(dict(job, mode="control"), OUTPUTS)
+        return res["controls"], res.get("cpu", math.nan)
     except AttackFailed as e:
         print(f"attack {job['label']}: control() failed: {one_line(str(e), e.detail)}", file=sys.stderr)
-        return [Control(f"control() failed: {e}", "", float("nan"), float("nan"))]
+        return [Control(f"control() failed: {e}", "", float("nan"), float("nan"))], math.nan
 
 
 def _execute(atk, job: dict, ledger, envs: list, run: RunInfo, me: str, aux, device, isolate: bool,
-             cache: Path) -> list:
+             cache: Path) -> tuple[list, float]:
     """Run one attack on one run: in a worker process that sees only the materialised view (default), or in
     this process (``isolate=False``, debugging only: nothing is enforced there). ``cache``: the attack's folder of
-    kept arrays (``AdversaryView.keep``/``cached``): read-only in the job, what it keeps is checked and added."""
+    kept arrays (``AdversaryView.keep``/``cached``): read-only in the job, what it keeps is checked and added.
+    Returns its outputs and its CPU seconds (the worker's own count; NaN when it reports none)."""
     if not isolate:
+        t = time.process_time()
         view = AdversaryView(ledger, run.protocol(), atk.adversary, me, device)
         view.cache_dir = str(cache) if cache.is_dir() else ""
         outs = checked_outputs(atk.run(view, aux), run, me)
-        kept = view.__dict__.get("_kept", {})
+        kept, cpu = view.__dict__.get("_kept", {}), time.process_time() - t
     else:
         job = dict(job, mode="run", run=run.protocol(), adversary=atk.adversary, me=me)
         res = run_isolated(job, OUTPUTS, ledger, envs, aux, cache)
         outs, kept = checked_outputs(res.get("outputs"), run, me), res.get("keep") or {}
+        cpu = res.get("cpu")
+        cpu = float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and 0 <= cpu < 1e9 else math.nan
     store_kept(cache, kept)
-    return outs
+    return outs, cpu
 
 
 def one_line(msg: str, detail: str = "") -> str:
@@ -179,13 +188,15 @@ def attack_limits(root: Path) -> dict:
 
 
 def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = True, parallel: int = 1,
-                threads: int = 0) -> Path:
+                threads: int = 0, resume: bool = False) -> Path:
     """Run attacks on every finished run of a run folder; write leakage.csv, controls, attacks.json and grids.
 
     ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.audit.sandbox); False runs
     it in this process, for debugging, with no boundary enforced. ``parallel``: worker processes at once (an
     attack's control and its runs), each on ``threads`` torch threads (0: this process's count split among them);
-    rows, items and grids come out in plan order whatever finishes first."""
+    rows, items and grids come out in plan order whatever finishes first. Each finished job is kept at once in
+    RUN/attack_jobs/ (``journal``); ``resume`` takes the kept jobs of the same attack settings instead of running them
+    again (an interrupted attack phase goes on where it stopped), else an attack's kept jobs are dropped first."""
     folder = RunFolder(root)
     ledger = open_verified(folder.root, folder.summary())
     if (folder.root / "leakage.csv").exists():   # earlier attacks' rows are kept: a damaged file stops us now
@@ -206,7 +217,7 @@ def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = Tr
         sandbox.worker_context()
     pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
     env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
-                          isolate=isolate, pool=pool, quiet=quiet,
+                          isolate=isolate, pool=pool, quiet=quiet, resume=resume,
                           eta=Eta("attack jobs", sum(len(v) for v in chosen.values())))
     try:
         for label, atk, job in attacks:
@@ -240,8 +251,9 @@ def cache_dir(root: Path, atk, label: str) -> Path:
 
 def attack_runs(env, label: str, atk, job: dict, controls: list) -> list[dict]:
     """One attack: its controls and every run it applies to (in ``env.pool``'s threads when given); appends to
-    ``controls`` and returns the attack's rows (per-item values and grids are saved on the way)."""
-    t0 = time.perf_counter()
+    ``controls`` and returns the attack's rows (per-item values and grids are saved on the way). Its line says its
+    CPU seconds: its workers' (as they report them) and this process's (views, scoring) while it ran."""
+    t0, c0 = time.perf_counter(), time.process_time()
     jobs, rows = [], []
     for run_id, run in env.runs.items():
         if not wanted(atk, run):
@@ -258,46 +270,58 @@ def attack_runs(env, label: str, atk, job: dict, controls: list) -> list[dict]:
             env.cache[key] = build_aux(env.data[run_id], run.target, atk.aux, run.seed)
         jobs.append((run, me, envs, env.cache[key]))
     submit = (lambda f, *a: env.pool.submit(f, *a)) if env.pool is not None else _Later
-    ctl = submit(_controls, atk, job, env.isolate)
+    book = Journal(env.folder.root, label, job, env.resume)
+    done = {run.run: k for run, *_ in jobs if env.resume and (k := book.job(run.run))}
+    kept = book.controls() if env.resume else None
+    ctl = _Later(lambda: (kept, 0.0)) if kept is not None else submit(_controls, atk, job, env.isolate)
     cache = cache_dir(env.folder.root, atk, label)
     futs = [submit(_execute, *salted(atk, job, run.seed), env.ledger, envs, run, me, am[0], env.device, env.isolate,
-                   cache) if envs is not None else None for run, me, envs, am in jobs]
+                   cache) if envs is not None and run.run not in done else None for run, me, envs, am in jobs]
     ok = True   # a failed positive control (attack too weak) or negative control (sees leakage where there is
-    for c in ctl.result():   # none) makes every number of this attack "not measurable"
+    got, cpu = ctl.result()   # none) makes every number of this attack "not measurable"
+    for c in got:
         ok &= c.passed
         controls.append(dict(attack=label, **dataclasses.asdict(c), passed=c.passed))
+    book.keep_controls(got)
     status = "ok" if ok else "not measurable (control failed)"
     for (run, me, envs, am), fut in zip(jobs, futs):
-        row = lambda o, victim, r: dict(  # noqa: E731
-            {k: getattr(run, k) for k in ("dataset", "method", "variant", "target", "seed")}, run=run.run,
-            attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
-            victim=victim, output=getattr(o, "variant", ""), status=status, **r)
-        note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
-            o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
-        if fut is None:
-            rows.append(note("skipped", f"skipped: {me} is not a client of this run"))
-            continue
-        if not env.quiet and sys.stderr.isatty():
-            sys.stderr.write(f"\rattack {label} on {run.run} ...")
-        try:
-            outs = fut.result()
-        except UserError:
-            raise
-        except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
-            detail = e.detail if isinstance(e, AttackFailed) else traceback.format_exc()
-            why = str(e) if isinstance(e, AttackFailed) else f"{type(e).__name__}: {e}"
-            print(f"attack {label} failed on {run.run}: {one_line(why, detail)}", file=sys.stderr)
-            rows.append(note("failed", f"failed: {one_line(why)}"))
-            continue
-        rows += _score_run(env, label, run, outs, am, row, note)
-    attacked = sum(f is not None for f in futs)
+        got, t = done[run.run] if run.run in done else _collect(env, label, run, me, fut, am, status, book)
+        rows, cpu = rows + got, cpu + t
+    attacked = sum(f is not None for f in futs) + len(done)
     eta = [env.eta.tick() for _ in jobs][-1:]   # every job of this attack is done now
     if not env.quiet and not sys.stderr.isatty() and attacked:   # batch jobs: one line per attack
-        print(f"attack {label}: {attacked} runs, {time.perf_counter() - t0:.0f} s"
+        print(f"attack {label}: {attacked} runs" + (f" ({len(done)} kept from before)" if done else "")
+              + f", {time.perf_counter() - t0:.0f} s, {cpu + time.process_time() - c0:.0f} CPU s"
               + ("" if ok else " (a control failed: not measurable)") + "".join(f"; {e}" for e in eta),
               file=sys.stderr, flush=True)
     return rows
 
+
+def _collect(env, label: str, run: RunInfo, me: str, fut, am: tuple, status: str, book: Journal) -> tuple:
+    """One run's job of an attack, once finished: (its rows, its CPU seconds); a job that scored is kept in the
+    journal at once, a failed one is a "failed" row (not kept: it runs again on resume)."""
+    row = lambda o, victim, r: dict(  # noqa: E731
+        {k: getattr(run, k) for k in ("dataset", "method", "variant", "target", "seed")}, run=run.run,
+        attack=label, adversary=me, artifact=getattr(o, "artifact", ""), round=getattr(o, "round", ""),
+        victim=victim, output=getattr(o, "variant", ""), status=status, **r)
+    note = lambda metric, why, o=None, victim="": row(  # noqa: E731  (a row without a number)
+        o, victim, dict(metric=metric, value=float("nan"), baseline=float("nan"))) | {"status": why}
+    if fut is None:
+        return [note("skipped", f"skipped: {me} is not a client of this run")], 0.0
+    if not env.quiet and sys.stderr.isatty():
+        sys.stderr.write(f"\rattack {label} on {run.run} ...")
+    try:
+        outs, t = fut.result()
+    except UserError:
+        raise
+    except Exception as e:  # keep the other attacks' and runs' numbers; record the failure
+        detail = e.detail if isinstance(e, AttackFailed) else traceback.format_exc()
+        why = str(e) if isinstance(e, AttackFailed) else f"{type(e).__name__}: {e}"
+        print(f"attack {label} failed on {run.run}: {one_line(why, detail)}", file=sys.stderr)
+        return [note("failed", f"failed: {one_line(why)}")], 0.0
+    rows = _score_run(env, label, run, outs, am, row, note)
+    book.keep_job(run.run, rows, t)
+    return rows, t
 
 def _score_run(env, label: str, run: RunInfo, outs: list, am: tuple, row, note) -> list[dict]:
     """Score one run's outputs of one attack and save its items, membership scores and grids."""

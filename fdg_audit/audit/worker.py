@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def _worker(folder: str, paths: dict, nonce: str = "") -> None:
         sys.exit(1)
     confine(float(spec.get("memory_gb") or LIMITS["memory_gb"]))
     try:
-        data = encode(dict(_job(spec, root, paths), nonce=nonce))
+        data = encode(dict(_job(spec, root, paths), nonce=nonce, cpu=time.process_time()))   # the job's CPU s
     except UserError as e:
         data = encode({"user_error": str(e), "nonce": nonce})
     except Exception as e:  # noqa: BLE001  (reported by the parent as a failed row, like an in-process crash)
