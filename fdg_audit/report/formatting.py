@@ -129,5 +129,5 @@ def title(name: str) -> str:
 
 
 def method_words(g: tuple) -> str:
-    """A group's method in words: its title and its variant, e.g. "FedDG" or "FedDG variant official"."""
+    """A group's method in words: its title (as its paper writes it) and its variant in words."""
     return " ".join((title(g[1]) + " " + words(g[2])).split())
