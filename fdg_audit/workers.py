@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.util
 import os
+import tempfile
 from functools import lru_cache
+
+from .errors import UserError
+
+# a Unix socket's path has at most 107 bytes; the forkserver's is TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX
+_SOCKET_DIR_MAX = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 
 
 @lru_cache(maxsize=None)
@@ -21,6 +28,25 @@ def worker_context():
         # optimizer a process builds (seconds), which every worker that trains or optimises would pay again
         ctx.set_forkserver_preload(["fdg_audit.deaf", "fdg_audit.audit.harness", "torch._dynamo"])
         from multiprocessing import forkserver
+        _short_socket_folder()
         forkserver.ensure_running()   # now: its imports overlap the caller's work before its first worker
         return ctx
     return mp.get_context("spawn")
+
+
+def _short_socket_folder():
+    """multiprocessing puts its sockets in a folder it makes under TMPDIR. Under a long TMPDIR (pytest's per-test
+    folders under xdist, a deep home) binding the socket failed with a traceback ("AF_UNIX path too long"): that
+    folder then goes to /tmp. The workers' view folders stay under TMPDIR."""
+    long = tempfile.gettempdir()
+    if len(long) <= _SOCKET_DIR_MAX:
+        return
+    before = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()   # made once per process, then reused by every socket
+    except OSError as e:
+        raise UserError(f"TMPDIR ({long}) is too long for a worker socket and /tmp is not "
+                        f"writable ({e.strerror}): set TMPDIR to a folder of at most {_SOCKET_DIR_MAX} characters")
+    finally:
+        tempfile.tempdir = before

@@ -234,6 +234,18 @@ def test_sigint_at_any_moment_is_one_line(copy, tmp_path, delay, sandbox):  # no
     assert p.returncode == 2 and err.count("\n") == 1 and err.startswith("error: interrupted"), err
 
 
+def test_a_long_tmpdir_still_runs_process_workers(copy, tmp_path):  # noqa: F811
+    """CI's break: under xdist, pytest's per-test TMPDIR was long enough that the forkserver's Unix socket path passed
+    107 bytes ("OSError: AF_UNIX path too long", a traceback, no attack run)."""
+    tmp = tmp_path / ("t" * 90)
+    tmp.mkdir()
+    r = subprocess.run([sys.executable, "-m", "fdg_audit", "attack", str(copy), "--attacks", "dataset_size", "--quiet"],
+                       env=dict(CODE, FDG_AUDIT_SANDBOX="process", TMPDIR=str(tmp)), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr[-2000:]
+    assert not any(tmp.glob("fdg_view_*"))   # the view folders made under TMPDIR are gone again
+
+
 def _stash_cleanup() -> None:
     """What the Stash plugin leaves on the host when it runs as a plain process."""
     import ctypes
