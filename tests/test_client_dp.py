@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import leakage_rows
+from conftest import leakage_rows, tiny_scenario
 from fdg_audit.errors import UserError
 from fdg_audit.store.ledger import Ledger
 from fdg_audit.protocol import load_method
@@ -15,24 +15,14 @@ from fdg_audit.privacy.client_dp import UPDATE_KINDS, calibrate, noise
 
 METHODS = ["fedavg", "feddg", "csac", "ccst", "fpl", "fedadg", "copa", "fedsr", "fedga"]
 CLIP, SIGMA = 0.05, 0.7
-BASE = """
-seeds = [{seed}]
-report = false
-threads = 1
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30", "rot45"]
-targets = ["rot0"]
-per_domain = 24
-[train]
-rounds = 2
-local_steps = 1
-batch_size = 8
-lr = 0.1
-[privacy]
-accountant = "rdp"
-"""
+# the shared tiny scenario on four rotated-digit domains of 24 images, two rounds of one local step, RDP accounting
+BASE = dict(seeds=[0], data=dict(domains=["rot0", "rot15", "rot30", "rot45"], per_domain=24),
+            train=dict(rounds=2, local_steps=1, batch_size=8, lr=0.1), privacy=dict(accountant="rdp"), methods=None)
+
+
+def base(client: dict, *layers, **overrides) -> str:
+    """BASE with client-level DP set by ``client`` (the [privacy.client] table)."""
+    return tiny_scenario(BASE, dict(privacy=dict(accountant="rdp", client=client)), *layers, **overrides)
 
 
 def read_csv(path):
@@ -53,8 +43,8 @@ def updates(root):
 
 
 def test_every_method_uploads_clipped_updates_plus_noise_of_the_configured_scale(run_toml):
-    text = BASE.format(seed=0) + f"[privacy.client]\nclip = {CLIP}\nnoise_multiplier = {SIGMA}\n"
-    text += "".join(f'[[methods]]\nname = "{m}"\n' + ("acquire_epochs = 1\n" if m == "csac" else "") for m in METHODS)
+    text = base(dict(clip=CLIP, noise_multiplier=SIGMA),
+                methods=[dict(name=m, **(dict(acquire_epochs=1) if m == "csac" else {})) for m in METHODS])
     root = run_toml(text)
     ups, count, norms = updates(root), {}, {m: [] for m in METHODS}
     for e, arrays, received in ups:
@@ -81,9 +71,8 @@ def test_every_method_uploads_clipped_updates_plus_noise_of_the_configured_scale
 
 
 def test_client_accountant_equals_a_standalone_opacus_accountant(run_toml):
-    text = BASE.format(seed=0).replace("rounds = 2", "rounds = 3") + \
-        f"[privacy.client]\nclip = 1.0\nnoise_multiplier = {SIGMA}\n" + \
-        '[[methods]]\nname = "fedavg"\n[[methods]]\nname = "copa"\n'
+    text = base(dict(clip=1.0, noise_multiplier=SIGMA), train=dict(rounds=3),
+                methods=[dict(name="fedavg"), dict(name="copa")])
     rows = read_csv(run_toml(text) / "privacy.csv")
     from opacus.accountants import RDPAccountant
     for method, per_round in (("fedavg", 1), ("copa", 2)):      # COPA releases trunk and head every round
@@ -97,8 +86,7 @@ def test_client_accountant_equals_a_standalone_opacus_accountant(run_toml):
 
 
 def test_target_epsilon_calibrates_sigma_with_opacus(run_toml):
-    text = BASE.format(seed=0) + "[privacy.client]\nclip = 1.0\ntarget_epsilon = 4.0\n" + \
-        '[[methods]]\nname = "csac"\nacquire_epochs = 1\n'
+    text = base(dict(clip=1.0, target_epsilon=4.0), methods=[dict(name="csac", acquire_epochs=1)])
     rows = [r for r in read_csv(run_toml(text) / "privacy.csv") if r["round"] == "2" and r["adversary"] == "server"]
     sigma = calibrate(4.0, 1e-5, 1.0, 3, "rdp")
     assert rows and all(float(r["noise_multiplier"]) == pytest.approx(sigma) for r in rows)
@@ -107,10 +95,10 @@ def test_target_epsilon_calibrates_sigma_with_opacus(run_toml):
 
 def test_central_mode_noise_and_refusal(run_toml):
     """Each upload carries sigma C / sqrt(K); CSAC's fusion is no uniform mean and is refused."""
-    text = BASE.format(seed=0) + "[privacy.client]\nclip = 0.05\nnoise_multiplier = 0.7\nmode = \"central\"\n"
+    central = dict(clip=0.05, noise_multiplier=0.7, mode="central")
     with pytest.raises(UserError, match="uniform mean"):
-        run_toml(text + '[[methods]]\nname = "csac"\n', name="a")
-    root = run_toml(text + '[[methods]]\nname = "fedavg"\nweighting = "uniform"\n', name="b")
+        run_toml(base(central, methods=[dict(name="csac")]), name="a")
+    root = run_toml(base(central, methods=[dict(name="fedavg", weighting="uniform")]), name="b")
     for e, arrays, received in updates(root):
         upd = torch.cat([(v.double() - received[k].double()).flatten() for k, v in arrays.items()])
         assert e.filters[0]["mode"] == "central"
@@ -118,28 +106,14 @@ def test_central_mode_noise_and_refusal(run_toml):
 
 
 # ten clients (5 source domains x 2), no learning, central client-level DP at sigma 0.7, C 0.05
-CENTRAL_TEN = """
-seeds = [0]
-report = false
-threads = 1
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"]
-targets = ["rot0"]
-per_domain = 10
-clients_per_domain = 2
-[train]
-rounds = 3
-local_steps = 1
-batch_size = 4
-lr = 1e-12
-weight_decay = 0.0
-[privacy.client]
-clip = 0.05
-noise_multiplier = 0.7
-mode = "central"
-"""
+def central_ten(*methods: dict, **client) -> str:
+    """The shared tiny scenario with ten clients, no learning and central client-level DP at sigma 0.7, C 0.05
+    (``client``: more keys of the [privacy.client] table), running ``methods``."""
+    return tiny_scenario(
+        seeds=[0], data=dict(domains=["rot0", "rot15", "rot30", "rot45", "rot60", "rot75"], per_domain=10,
+                             clients_per_domain=2),
+        train=dict(rounds=3, local_steps=1, batch_size=4, lr=1e-12, weight_decay=0.0),
+        privacy=dict(client=dict(clip=0.05, noise_multiplier=0.7, mode="central", **client)), methods=list(methods))
 
 
 @pytest.mark.parametrize("f", [0.3, 0.5, 1.0])
@@ -148,12 +122,7 @@ def test_central_aggregate_carries_the_configured_multiplier_at_any_participatio
     broadcasts is the aggregate's noise alone. Divided by the mean's sensitivity C / m (m = round(f K) clients asked),
     its standard deviation is the aggregate's noise multiplier: sigma at every f (sigma sqrt(f) before, when each
     client added sigma C / sqrt(K) for all K = 10)."""
-    text = CENTRAL_TEN + f"""[[methods]]
-name = "fedavg"
-weighting = "uniform"
-participation = {f}
-"""
-    root = run_toml(text, name=f"f{f}")
+    root = run_toml(central_ten(dict(name="fedavg", weighting="uniform", participation=f)), name=f"f{f}")
     led = Ledger.open(root)
     glob = {}
     for e in led.select(kind="weights", sender="server"):
@@ -209,9 +178,10 @@ def test_accountant_matches_google_pld_over_gappy_releases():
 
 
 def test_same_ledger_in_both_engines_with_client_dp(run_toml):
-    text = BASE.format(seed=0) + "[privacy.client]\nclip = 0.05\nnoise_multiplier = 0.7\n[privacy.artifacts]\n" \
-        'n_samples = { rows = "count", clip = 1.0, noise_multiplier = 3.0 }\n[[methods]]\nname = "fedavg"\n'
-    text = text.replace(', "rot45"', "")     # two client processes are enough
+    text = tiny_scenario(BASE, data=dict(domains=["rot0", "rot15", "rot30"]),    # two client processes are enough
+                         privacy=dict(accountant="rdp", client=dict(clip=0.05, noise_multiplier=0.7),
+                                      artifacts=dict(n_samples=dict(rows="count", clip=1.0, noise_multiplier=3.0))),
+                         methods=[dict(name="fedavg")])
     a, b = run_toml(text, name="a"), run_toml(text, 'engine="process"', name="b")
     assert [e.sha256 for e in Ledger.open(a).envelopes] == [e.sha256 for e in Ledger.open(b).envelopes]
     led = Ledger.open(a)
@@ -227,30 +197,26 @@ def test_same_ledger_in_both_engines_with_client_dp(run_toml):
     assert len(total) == 1 and float(total[0]["epsilon"]) == pytest.approx(epsilon(acc, 1e-5), rel=1e-6)
 
 
-AUDIT = BASE.replace("per_domain = 24", "per_domain = 16").replace("rounds = 2", "rounds = 1") + """
-[privacy.client]
-clip = 0.5
-noise_multiplier = {sigma}
-[privacy.audit]
-update_canaries = 256
-[[methods]]
-name = "fedavg"
-[[attacks]]
-name = "dp_audit_client"
-canaries = 256
-"""
+def audit(seed: int, sigma: float, rounds: int = 1, **mode) -> str:
+    """BASE on 16 images per domain: FedAvg (a uniform mean when ``mode`` is given, e.g. central) at clip 0.5 and
+    ``sigma``, 256 update canaries per client and the client-level audit."""
+    return tiny_scenario(BASE, seeds=[seed], data=dict(per_domain=16), train=dict(rounds=rounds),
+                         privacy=dict(accountant="rdp", client=dict(clip=0.5, noise_multiplier=sigma, **mode),
+                                      audit=dict(update_canaries=256)),
+                         methods=[dict(name="fedavg", **(dict(weighting="uniform") if mode else {}))],
+                         attacks=[dict(name="dp_audit_client", canaries=256)])
 
 
 def test_client_audit_bound_below_accountant_and_positive_without_noise(run_toml):
     from conftest import leakage_rows
     for seed in (0, 1, 2):
-        root = run_toml(AUDIT.format(seed=seed, sigma=1.0), name=f"s{seed}")
+        root = run_toml(audit(seed, 1.0), name=f"s{seed}")
         lb = leakage_rows(root, metric="eps_lb_one_run")
         theory = leakage_rows(root, metric="eps_theory")
         assert len(lb) == 3 and len(theory) == 3
         for a, t in zip(lb, theory):
             assert 0.0 <= float(a["value"]) <= float(t["value"]) < math.inf
-    root = run_toml(AUDIT.format(seed=0, sigma=0.0), name="clean")
+    root = run_toml(audit(0, 0.0), name="clean")
     lb = [float(r["value"]) for r in leakage_rows(root, metric="eps_lb_one_run")]
     assert len(lb) == 3 and min(lb) > 2.0                    # every canary found: the one-run maximum for 256
     assert all(math.isinf(float(r["value"])) for r in leakage_rows(root, metric="eps_theory"))
@@ -261,10 +227,8 @@ def test_client_audit_bound_below_accountant_and_positive_without_noise(run_toml
 def test_central_audit_reads_the_broadcast_aggregate(run_toml):
     """Central mode: the audit scores the global model's change between broadcasts (rounds - 1 releases)."""
     from conftest import leakage_rows
-    text = AUDIT.replace("rounds = 1", "rounds = 3").replace('name = "fedavg"\n', 'name = "fedavg"\nweighting = "uniform"\n')
-    text = text.replace("noise_multiplier = {sigma}", 'noise_multiplier = {sigma}\nmode = "central"')
     for sigma, check in ((0.0, lambda lb, t: lb > 2.0 and math.isinf(t)), (1.0, lambda lb, t: 0.0 <= lb <= t)):
-        root = run_toml(text.format(seed=0, sigma=sigma), name=f"c{sigma}")
+        root = run_toml(audit(0, sigma, rounds=3, mode="central"), name=f"c{sigma}")
         lb = leakage_rows(root, metric="eps_lb_one_run")
         theory = leakage_rows(root, metric="eps_theory")
         assert len(lb) == 3 and {r["output"] for r in lb} == {"aggregate"}
@@ -280,7 +244,7 @@ def test_dp_sgd_refused_at_plan_time_naming_client_level_dp(method):
     import tomllib
 
     from fdg_audit.scenario import plan
-    raw = tomllib.loads(BASE.format(seed=0) + f'[[methods]]\nname = "{method}"\n')
+    raw = tomllib.loads(tiny_scenario(BASE, methods=[dict(name=method)]))
     raw["datasets"] = [raw.pop("data")]
     raw["privacy"]["dp_sgd"] = True
     if method not in REFUSING:
@@ -359,11 +323,10 @@ def test_csac_dp_fusion_under_central_dp_carries_at_least_the_configured_multipl
     model's change between broadcasts divided by the largest weight's sensitivity rho C / K has a standard deviation
     of at least sigma. The paper's fusion is refused in central mode, and the distances need stat_noise."""
     with pytest.raises(UserError, match="fusion = \"dp\""):
-        run_toml(CENTRAL_TEN + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n", name="a")
+        run_toml(central_ten(dict(name="csac", acquire_epochs=1), stat_noise=3.0), name="a")
     with pytest.raises(UserError, match="stat_noise"):
-        run_toml(CENTRAL_TEN + "[[methods]]\nname = \"csac\"\nacquire_epochs = 1\nfusion = \"dp\"\n", name="b")
-    root = run_toml(CENTRAL_TEN + "stat_noise = 3.0\n[[methods]]\nname = \"csac\"\nacquire_epochs = 1\n"
-                    "fusion = \"dp\"\n", name="c")
+        run_toml(central_ten(dict(name="csac", acquire_epochs=1, fusion="dp")), name="b")
+    root = run_toml(central_ten(dict(name="csac", acquire_epochs=1, fusion="dp"), stat_noise=3.0), name="c")
     led = Ledger.open(root)
     glob = {}
     for e in led.select(kind="weights", sender="server"):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from fdg_audit.errors import UserError
 from fdg_audit.audit.harness import run_attacks
 from fdg_audit.audit.bwrap import bwrap_works
 
-from conftest import leakage_rows
+from conftest import leakage_rows, tiny_scenario
 from test_trust import ENV, copy, one_line_error, root  # noqa: F401  (fixtures: a finished run folder and a copy)
 
 HOSTILE = Path(__file__).parent / "hostile"
@@ -173,30 +174,22 @@ def test_deeply_nested_json_is_exit_code_2(copy, capsys):  # noqa: F811
     assert len(err) < 300
 
 
-SCEN = """
-name = "s"
-{top}
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15"]
-per_domain = 20
-[train]
-rounds = 2
-"""
+# the shared tiny scenario on two domains of 20 images, two rounds, with no [[methods]] entries
+SCEN = dict(name="s", threads=None, report=None, model=None, methods=None,
+            data=dict(domains=["rot0", "rot15"], per_domain=20, targets=None), train=dict(rounds=2, batch_size=None))
 
 
 @pytest.mark.parametrize("top,sets,needle", [
-    ("", ["datasets.0.client_sizes=[0,-5]"], "the scenario has no [[datasets]] entries to change (this scenario has "
+    ({}, ["datasets.0.client_sizes=[0,-5]"], "the scenario has no [[datasets]] entries to change (this scenario has "
                                              "a [data] table"),
-    ("", ["methods.fedavg.lr=0.1"], "the scenario has no [[methods]] entries"),
-    ("store_rounds = [1, 3]", [], "store_rounds = [1, 3] names rounds beyond the last (2)"),
-    ("attack_timeout = 0", [], "attack_timeout = 0"),
-    ("", ["data.label=" + "a" * 100_000], "use 1 to 200 letters"),
+    ({}, ["methods.fedavg.lr=0.1"], "the scenario has no [[methods]] entries"),
+    (dict(store_rounds=[1, 3]), [], "store_rounds = [1, 3] names rounds beyond the last (2)"),
+    (dict(attack_timeout=0), [], "attack_timeout = 0"),
+    ({}, ["data.label=" + "a" * 100_000], "use 1 to 200 letters"),
 ])
 def test_scenario_inputs_are_checked(tmp_path, capsys, top, sets, needle):
     f = tmp_path / "s.toml"
-    f.write_text(SCEN.format(top=top))
+    f.write_text(tiny_scenario(SCEN, top))
     argv = ["scenario", str(f), "--out", str(tmp_path / "runs"), "--quiet"] + [x for s in sets for x in ("--set", s)]
     err = one_line_error(capsys, argv, needle)
     assert len(err) < 400 and not (tmp_path / "runs").exists()
@@ -205,7 +198,8 @@ def test_scenario_inputs_are_checked(tmp_path, capsys, top, sets, needle):
 def test_a_list_table_is_addressed_by_position_too(tmp_path):
     from fdg_audit.scenario import load_raw, parse
     f = tmp_path / "s.toml"
-    f.write_text(SCEN.format(top="").replace("[data]", "[[datasets]]"))
+    data = tomllib.loads(tiny_scenario(SCEN))["data"]
+    f.write_text(tiny_scenario(SCEN, data=None, datasets=[data]))
     sc = parse(load_raw(f, ["datasets.0.per_domain=30"]))
     assert sc.datasets[0].per_domain == 30
 

@@ -13,28 +13,16 @@ from fdg_audit.store.ledger import Ledger
 from fdg_audit.privacy import PRIVACY_FIELDS, ArtifactMechanism, epsilon, new_accountant
 from fdg_audit.privacy.artifacts import GaussianRows, clip_rows
 
-DATA = """
-seeds = [0]
-report = false
-[data]
-dataset = "digits"
-family = "rotated"
-domains = ["rot0", "rot15", "rot30"]
-targets = ["rot0"]
-per_domain = {n}
-[train]
-rounds = {rounds}
-local_epochs = 1
-batch_size = 32
-lr = 0.1
-"""
-DPSGD = """
-[privacy]
-dp_sgd = true
-noise_multiplier = 0.5
-max_grad_norm = 1.0
-accountant = "rdp"
-"""
+from conftest import leakage_rows, tiny_scenario
+
+DPSGD = dict(dp_sgd=True, noise_multiplier=0.5, max_grad_norm=1.0, accountant="rdp")
+
+
+def scenario(n: int, rounds: int, *layers, **overrides) -> str:
+    """The shared tiny scenario on three rotated-digit domains of ``n`` images, ``rounds`` rounds of one local epoch
+    at batch size 32, changed by ``layers`` and ``overrides`` (``tiny_scenario``)."""
+    return tiny_scenario(dict(seeds=[0], threads=None, model=None, methods=None, data=dict(per_domain=n),
+                              train=dict(rounds=rounds, local_epochs=1, batch_size=32, lr=0.1)), *layers, **overrides)
 
 
 def read_csv(path):
@@ -47,7 +35,7 @@ def hashes(root):
 
 
 def test_dp_sgd_trains_and_accountant_persists_over_rounds(run_toml):
-    root = run_toml(DATA.format(n=200, rounds=5) + DPSGD + '[[methods]]\nname = "fedavg"\n')
+    root = run_toml(scenario(200, 5, privacy=DPSGD, methods=[dict(name="fedavg")]))
     with open(root / "privacy.csv") as f:
         assert next(csv.reader(f)) == PRIVACY_FIELDS
     rows = read_csv(root / "privacy.csv")
@@ -73,12 +61,9 @@ def test_dp_sgd_trains_and_accountant_persists_over_rounds(run_toml):
 
 
 def test_same_seed_same_ledger_with_dp_in_both_engines(run_toml):
-    feddg = """
-[[methods]]
-name = "feddg"
-privacy = { dp_sgd = false, artifacts = { amplitude_bank = { clip = 50.0, noise_multiplier = 1.0 } } }
-"""
-    text = DATA.format(n=40, rounds=1) + DPSGD + '[[methods]]\nname = "fedavg"\n' + feddg
+    feddg = dict(name="feddg", privacy=dict(dp_sgd=False, artifacts=dict(amplitude_bank=dict(clip=50.0,
+                                                                                          noise_multiplier=1.0))))
+    text = scenario(40, 1, privacy=DPSGD, methods=[dict(name="fedavg"), feddg])
     # workers use one thread each: compare every run at the same thread count
     a, b = run_toml(text, "threads=1", name="a"), run_toml(text, "threads=1", name="b")
     assert hashes(a) == hashes(b)                                     # DP-SGD noise and bank noise are seeded
@@ -87,20 +72,15 @@ privacy = { dp_sgd = false, artifacts = { amplitude_bank = { clip = 50.0, noise_
     assert mech == {"dp_sgd", "gaussian_rows:amplitude_bank"}
     # the process engine: the filter runs inside each client's process (DP-SGD only uses the client's generator,
     # whose equality across engines the core tests check)
-    c = run_toml(DATA.format(n=40, rounds=1) + DPSGD + feddg, "engine=\"process\"", "threads=1", name="c")
+    c = run_toml(scenario(40, 1, privacy=DPSGD, methods=[feddg]), "engine=\"process\"", "threads=1", name="c")
     run = "rotated/feddg/rot0/s0"
     assert hashes(c) == [e.sha256 for e in Ledger.open(a).envelopes if e.run == run]
 
 
 def test_noised_bank_is_clipped_rows_plus_noise_of_the_configured_scale(run_toml):
     clip, sigma = 40.0, 0.5
-    root = run_toml(DATA.format(n=80, rounds=1) + f"""
-[privacy.artifacts]
-amplitude_bank = {{ clip = {clip}, noise_multiplier = {sigma} }}
-[[methods]]
-name = "feddg"
-local_steps = 1
-""")
+    bank = dict(amplitude_bank=dict(clip=clip, noise_multiplier=sigma))
+    root = run_toml(scenario(80, 1, privacy=dict(artifacts=bank), methods=[dict(name="feddg", local_steps=1)]))
     data = load_data(DataConfig(dataset="digits", domains=["rot0", "rot15", "rot30"], per_domain=80))
     by_id = {int(i): x for d in data.domains for s in (d.train, d.val) for i, x in zip(s.idx, s.x)}
     led = Ledger.open(root)
@@ -152,10 +132,10 @@ def test_clipping_bound_and_noise_scale_unit():
 
 def test_batchnorm_and_non_private_losses_are_refused(run_toml, tmp_path):
     with pytest.raises(UserError, match='model.norm = "group"'):
-        run_toml(DATA.format(n=40, rounds=1) + DPSGD + '[model]\nnorm = "batch"\n[[methods]]\nname = "fedavg"\n')
+        run_toml(scenario(40, 1, privacy=DPSGD, model=dict(norm="batch"), methods=[dict(name="fedavg")]))
     for method in ("csac", "fedsr"):      # refused at plan time (every such method: test_client_dp.py)
         with pytest.raises(UserError, match=f"'{method}' has no per-example objective .*client-level DP") as e:
-            run_toml(DATA.format(n=40, rounds=1) + DPSGD + f'[[methods]]\nname = "{method}"\n', name=method)
+            run_toml(scenario(40, 1, privacy=DPSGD, methods=[dict(name=method)]), name=method)
         assert "\n" not in str(e.value) and not (tmp_path / "runs" / method).exists()   # before any training
     from types import SimpleNamespace
 
@@ -174,25 +154,18 @@ def test_dp_fit_refuses_batchnorm_models_built_by_a_method():
         check_loss(client, bn, None, None)
 
 
-AUDIT = DATA.format(n=100, rounds=1).replace("local_epochs = 1", "local_steps = 1") + """
-[privacy.audit]
-canaries = 128
-[[methods]]
-name = "feddg"
-label = "clean"
-privacy = {{ artifacts = {{ amplitude_bank = {{ clip = 100.0, noise_multiplier = 0.0 }} }} }}
-[[methods]]
-name = "feddg"
-label = "noised"
-privacy = {{ artifacts = {{ amplitude_bank = {{ clip = 100.0, noise_multiplier = {sigma} }} }} }}
-[[attacks]]
-name = "attacks.dp_audit:ArtifactAudit"
-canaries = 128
-"""
+def audit(sigma: float) -> str:
+    """FedDG's bank clipped at 100 without noise ("clean") and at ``sigma`` ("noised"), 128 canaries, the artifact
+    audit."""
+    bank = lambda s: dict(artifacts=dict(amplitude_bank=dict(clip=100.0, noise_multiplier=s)))  # noqa: E731
+    return scenario(100, 1, train=dict(local_epochs=None, local_steps=1), privacy=dict(audit=dict(canaries=128)),
+                    methods=[dict(name="feddg", label="clean", privacy=bank(0.0)),
+                             dict(name="feddg", label="noised", privacy=bank(sigma))],
+                    attacks=[dict(name="attacks.dp_audit:ArtifactAudit", canaries=128)])
 
 
 def test_audit_bound_is_below_the_accountant_and_positive_without_noise(run_toml):
-    root = run_toml(AUDIT.format(sigma=1.0))
+    root = run_toml(audit(1.0))
     rows = read_csv(root / "leakage.csv")
     get = lambda method, metric: [(r["victim"], r["output"], float(r["value"])) for r in rows  # noqa: E731
                                   if r["method"] == method and r["metric"] == metric]
@@ -237,35 +210,19 @@ def test_privacy_csv_composes_a_partys_mechanisms_into_a_total():
     assert rows[-1]["epsilon"] > epsilon(solo, 1e-5)
 
 
-SGD_AUDIT = DATA.format(n=40, rounds=1).replace("local_epochs = 1", "local_steps = 5").replace("batch_size = 32", \
-    "batch_size = 16") + """
-[privacy]
-dp_sgd = true
-max_grad_norm = 1.0
-accountant = "rdp"
-[privacy.audit]
-gradient_canaries = 256
-[[methods]]
-name = "fedavg"
-label = "clean"
-privacy = {{ noise_multiplier = 0.0 }}
-[[methods]]
-name = "{method}"
-label = "dp"
-privacy = {{ noise_multiplier = 1.0 }}
-[[attacks]]
-name = "dp_audit_dpsgd"
-canaries = 256
-"""
+def sgd_audit(seed: int, method: str, clean: bool) -> str:
+    """DP-SGD at sigma 1.0 on ``method`` ("dp") beside, when ``clean``, FedAvg without noise ("clean"), 256
+    gradient canaries, the DP-SGD audit."""
+    return scenario(40, 1, seeds=[seed], threads=1, train=dict(local_epochs=None, local_steps=5, batch_size=16),
+                    privacy=dict(dp_sgd=True, max_grad_norm=1.0, accountant="rdp", audit=dict(gradient_canaries=256)),
+                    methods=([dict(name="fedavg", label="clean", privacy=dict(noise_multiplier=0.0))] if clean else [])
+                    + [dict(name=method, label="dp", privacy=dict(noise_multiplier=1.0))],
+                    attacks=[dict(name="dp_audit_dpsgd", canaries=256)])
 
 
 def test_dp_sgd_audit_below_accountant_on_dp_runs_and_positive_without_noise(run_toml):
-    from conftest import leakage_rows
     for seed, method in ((0, "fedavg"), (1, "fedavg"), (2, "feddg")):
-        text = SGD_AUDIT.format(method=method).replace("seeds = [0]", f"seeds = [{seed}]\nthreads = 1")
-        if seed:   # the clean (no-noise) positive run once is enough
-            text = text.replace('[[methods]]\nname = "fedavg"\nlabel = "clean"\nprivacy = { noise_multiplier = 0.0 }\n', "")
-        root = run_toml(text, name=f"s{seed}")
+        root = run_toml(sgd_audit(seed, method, clean=not seed), name=f"s{seed}")   # one clean (no-noise) run
         lb, theory = leakage_rows(root, method="dp", metric="eps_lb_one_run"), leakage_rows(root, method="dp",
                                                                                              metric="eps_theory")
         assert len(lb) == len(theory) == 2

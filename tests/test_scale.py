@@ -265,14 +265,12 @@ def test_encode_brings_device_tensors_to_the_host_in_one_copy(monkeypatch):
 
 def test_generator_leakage_with_several_clients_per_domain(run_toml, one_thread):
     import csv   # one thread: the attack's control fits generators; pinned threads keep it reproducible
-    root = run_toml("""
-        name = "adg_many"
-        report = false
-        attacks = [{name = "generator_leakage", decoder_steps = 300, max_victims = 4}]
-        methods = [{name = "fedadg"}]
-        train = {rounds = 2, lr = 0.05}
-        data = {dataset = "digits", clients_per_domain = 2, domains = ["rot0", "rot15", "rot30", "rot45"]}
-    """, 'data.targets=["rot0"]')
+    from conftest import tiny_scenario
+    root = run_toml(tiny_scenario(
+        name="adg_many", threads=None, model=None, methods=[dict(name="fedadg")],
+        data=dict(family=None, domains=["rot0", "rot15", "rot30", "rot45"], per_domain=80, clients_per_domain=2),
+        train=dict(rounds=2, lr=0.05, batch_size=None),
+        attacks=[dict(name="generator_leakage", decoder_steps=300, max_victims=4)]))
     rows = list(csv.DictReader(open(root / "leakage.csv")))
     dom = [r for r in rows if r["metric"] == "domain_balanced_acc"]
     victims = {r["victim"] for r in dom}
