@@ -8,7 +8,6 @@ import hashlib
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from .. import metrics as M, records, seeding
 from ..data.digits import FAMILIES, ROTATED, appearance, rotate
@@ -107,6 +106,7 @@ def _free_image(x: torch.Tensor, public: torch.Tensor) -> torch.Tensor:
 
 def _match(r: torch.Tensor, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """One-to-one matching of reconstructions ``r`` to true images ``x`` on aligned MSE (Hungarian)."""
+    from scipy.optimize import linear_sum_assignment   # here: scipy.optimize costs half a second at import
     return linear_sum_assignment(M.aligned_mse(r, x).double().numpy())
 
 

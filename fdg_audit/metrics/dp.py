@@ -1,9 +1,8 @@
 """Empirical ε lower bounds for DP audits (docs/attacks.md §1 and §4.1). Plain floats in and out."""
 
 import numpy as np
-from scipy.special import expit
-from scipy.stats import beta as beta_dist
-from scipy.stats import binom
+# scipy.stats is imported where it is used: it costs most of a second at import, which every attack worker (a fresh
+# interpreter per job under bubblewrap) paid whether it audits DP or not
 
 
 def clopper_pearson_upper(k, n, alpha):
@@ -13,7 +12,8 @@ def clopper_pearson_upper(k, n, alpha):
     """
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    return 1.0 if k == n else float(beta_dist.ppf(1 - alpha, k + 1, n - k))
+    from scipy.stats import beta
+    return 1.0 if k == n else float(beta.ppf(1 - alpha, k + 1, n - k))
 
 
 def eps_lower_bound(fp, n_neg, fn, n_pos, delta=0.0, alpha=0.05):
@@ -44,6 +44,8 @@ def one_run_p_value(m, r, v, eps, delta):
     """
     if not 0 <= v <= r <= m:
         raise ValueError(f"need 0 <= v <= r <= m, got m={m}, r={r}, v={v}")
+    from scipy.special import expit
+    from scipy.stats import binom
     q = expit(eps)
     p = binom.sf(v - 1, r, q)
     if delta > 0 and v > 0:

@@ -6,7 +6,6 @@ Nothing here loops over images or shifts in Python.
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 PSNR_CAP_DB = 60.0   # PSNR at or above this (MSE <= 1e-6: exact to 8-bit precision, whose limit is 58.9 dB) is this
 
@@ -163,6 +162,7 @@ def match_batch(rec, truth, cost=None):
     """
     if cost is None:
         cost = torch.cdist(truth.flatten(1), rec.flatten(1)).pow(2) / truth[0].numel()
+    from scipy.optimize import linear_sum_assignment   # here: scipy.optimize costs half a second at import
     _, cols = linear_sum_assignment(np.asarray(torch.as_tensor(cost).detach().cpu(), dtype=np.float64))
     return torch.as_tensor(cols, dtype=torch.long, device=rec.device)
 

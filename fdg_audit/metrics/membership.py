@@ -7,7 +7,8 @@ To pool several target models, concatenate their scores and labels before callin
 import warnings
 
 import numpy as np
-from sklearn.metrics import balanced_accuracy_score, f1_score, roc_auc_score, roc_curve
+# sklearn.metrics is imported where it is used: with scipy it costs about a second at import, which every attack
+# worker (a fresh interpreter per job under bubblewrap) paid whether it scores membership or not
 
 
 def _check(scores, labels):
@@ -21,12 +22,14 @@ def _check(scores, labels):
 
 def roc(scores, labels):
     """(fpr, tpr, thresholds) of the score threshold test, every ROC point kept (no point dropping)."""
+    from sklearn.metrics import roc_curve
     s, y = _check(scores, labels)
     return roc_curve(y, s, drop_intermediate=False)
 
 
 def auc(scores, labels):
     """Area under the ROC curve (0.5 = chance)."""
+    from sklearn.metrics import roc_auc_score
     s, y = _check(scores, labels)
     return float(roc_auc_score(y, s))
 
@@ -60,7 +63,7 @@ def tpr_at_fpr(scores, labels, fpr, ties: str = "step"):
     s, y = _check(scores, labels)
     if not resolvable(int((y == 0).sum()), fpr):
         return float("nan")
-    f, t, _ = roc_curve(y, s, drop_intermediate=False)
+    f, t, _ = roc(s, y)
     return _read(f, t, fpr, ties)
 
 
@@ -233,6 +236,7 @@ def balanced_accuracy(pred, true, n_classes=None):
     p, t = np.asarray(pred).ravel().astype(int), np.asarray(true).ravel().astype(int)
     with warnings.catch_warnings():   # predicted classes absent from `true` are expected (a guesser's mistakes)
         warnings.simplefilter("ignore", UserWarning)
+        from sklearn.metrics import balanced_accuracy_score
         return float(balanced_accuracy_score(t, p))
 
 
@@ -246,6 +250,7 @@ def existence_f1(pred_counts, true_counts):
     ``f1_score``). Returns 1.0 when neither side has any present class.
     """
     p, t = np.asarray(pred_counts).ravel() > 0, np.asarray(true_counts).ravel() > 0
+    from sklearn.metrics import f1_score
     return float(f1_score(t, p, zero_division=1.0))
 
 
