@@ -547,6 +547,39 @@ def test_a_domain_the_victims_name_gives_is_vacuous(tmp_path):
         assert float(r["baseline"]) == 1.0 and r["reading"].startswith("vacuous") and r["diff_ref"] == ""
 
 
+def test_a_count_read_off_its_own_message_is_sent_in_the_clear(tmp_path):
+    """A dataset size read off the ``n_samples`` message is "sent in the clear" (the protocol gives it away, no
+    attack needed), never a leak and never a Δ; the same attack's estimate from the weights is a finding."""
+    def size(r):
+        art = "n_samples" if r["method"] == "feddg" else "weights"
+        err = np.array([0.0]) if art == "n_samples" else np.array([0.05])
+        one = lambda v, victim: S.Items("mean", v, ids=np.arange(1))  # noqa: E731
+        return [("dataset_size", dict(victim=v, output="", metric="n_samples_rel_error", artifact=art,
+                                      items=one(err, v), base_items=one(np.array([0.75]), v))) for v in "BC"]
+    cell, root = _card(tmp_path, size)
+    clear, found = cell[("feddg", "dataset_size", "")], cell[("fedavg", "dataset_size", "")]
+    assert clear["artifact"] == "n_samples" and clear["reading"].startswith("sent in the clear")
+    assert clear["diff_ref"] == "" and found["artifact"] == "weights" and found["reading"] == ""
+    from fdg_audit.report import model, tables
+    states = {c.id.split(".")[1]: c.state for c in model.build(tables.load([root])).cells if c.harm == "dataset_size"}
+    assert states["feddg"] == "sent in the clear" and states["fedavg"] == "leak", states
+
+
+@pytest.mark.usefixtures("psnr_headline")
+def test_a_claim_that_held_in_some_runs_says_in_how_many(tmp_path):
+    """runs_clear counts the runs whose own value beats their own baseline; page one writes "k above baseline"
+    beside the run count exactly when some but not all did (FedDG: one run of six below its baseline)."""
+    from fdg_audit.report import model, pageone, tables
+    low = lambda r: r["method"] == "feddg" and r["seed"] == 0 and r["target"] == "A"  # noqa: E731
+    cell, root = _card(tmp_path, lambda r: [("inv", _psnr(v, [12.0] * 4 if low(r) else [30.0] * 4, [15.0] * 4))
+                                            for v in "BC"])
+    assert cell[("feddg", "reconstruction", "")]["runs_clear"] == "5/6"
+    assert cell[("fedavg", "reconstruction", "")]["runs_clear"] == "6/6"
+    said = {c.group[1]: pageone.runs(c) for c in model.build(tables.load([root])).cells
+            if c.harm == "reconstruction" and not c.channel}
+    assert said == {"fedavg": "6 runs", "feddg": "6 runs, 5 above baseline"}, said
+
+
 def test_outputs_declared_apart_get_their_own_row(tmp_path):
     """A fingerprint's exact copies compete in the membership row; its perturbed copies (``rows``) form a row of
     their own setting and never compete for the headline."""

@@ -106,6 +106,11 @@ _ROWS = [  # name, unit, higher, lo, hi, harm, label, text, card, per_victim
 METRICS = {r[0]: Metric(*r) for r in _ROWS}
 
 
+# The artifact kind that carries a metric's quantity itself (a protocol that sends n_k sends it as ``n_samples``): a
+# cell scored on that kind read the value off the message. Its state is "sent in the clear", not an attack finding.
+IN_THE_CLEAR = {"n_samples_rel_error": "n_samples"}
+
+
 def info(metric: str) -> Metric:
     """The registry entry of ``metric``; a name not in the registry is a one-line error."""
     try:

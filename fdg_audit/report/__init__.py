@@ -189,7 +189,8 @@ LEGEND = [
                  "where the attack names one (its name in brackets), else the trivial one (mean image, chance)"),
     ("reading", "leak: the whole interval beyond the baseline's. no leak above baseline: it is not. not attacked: "
                 "no row. not measurable: a control failed. not resolvable: a membership pool too small. vacuous: "
-                "the baseline is already perfect"),
+                "the baseline is already perfect. sent in the clear: the protocol sends the value itself (a "
+                "client's image count), no attack needed"),
     ("Δ [95% CI] (n, call)", "the row's one comparison (comparisons.csv, same id): this cell minus the reference "
                          "method's cell at the same harm, adversary and setting whatever the channel (a channel's "
                          "own row: minus its method's other channel), paired by target and seed, Holm-adjusted "

@@ -51,7 +51,10 @@ def iv(v: float, lo: float, hi: float, d: int = 2, sign: bool = False) -> str:
 
 
 def runs(c: Cell) -> str:
-    return f"{c.n} run" + "s" * (c.n != 1)
+    """"5 runs"; "5 runs, 4 above baseline" where the cell's claim did not hold in every run (scorecard runs_clear)."""
+    k, _, n = str(c.row.get("runs_clear") or "").partition("/")
+    held = f", {k} above baseline" if k and 0 < int(k) < int(n) else ""
+    return f"{c.n} run" + "s" * (c.n != 1) + held
 
 
 def size_words(c: Cell) -> str:

@@ -50,7 +50,8 @@ rows.
     runs, victims and held-out images (with intervals and the baseline's), and cpu_seconds per victim (leakage.csv's
     cost row of the chosen victim, mean over runs); pool_members, pool_nonmembers,
     min_auc, tpr@0.01fpr, tpr@0.001fpr: membership cells' pooled scores; victim_auc_median/min/max and
-    victims_clear ("k/n"): their spread over victims (fdg_audit/report/cells.py).
+    victims_clear ("k/n"): their spread over victims (fdg_audit/report/cells.py). runs_clear ("k/n"): the runs
+    whose own value beats their own baseline (page one says "k of n" where a claim did not hold in every run).
   * control: passed (every attack behind the chosen candidates passed its controls), failed (the value is "not
     measurable"), none (the attacks have no controls). epsilon: accuracy rows: the largest headline ε any client
     spent by the end of the run (each mechanism's budget against the adversary it is configured for), max over
@@ -65,7 +66,7 @@ import numpy as np
 
 from .. import seeding
 from ..metrics import stats as S
-from ..metrics.registry import HARMS, info
+from ..metrics.registry import HARMS, IN_THE_CLEAR, info
 from . import cells as C
 from . import tables as T
 from . import threat as TH
@@ -82,7 +83,7 @@ FIELDS = ["id", "dataset", "method", "variant", "epsilon", "harm", "setting", "a
           "success_ci_high", "baseline_success_25dB", "median", "median_ci_low", "median_ci_high", "baseline_median",
           "cpu_seconds", "pool_members", "pool_nonmembers", "min_auc", "tpr@0.01fpr", "tpr@0.01fpr_ci_low",
           "tpr@0.01fpr_ci_high", "tpr@0.001fpr", "tpr@0.001fpr_ci_low", "tpr@0.001fpr_ci_high",
-          "victim_auc_median", "victim_auc_min", "victim_auc_max", "victims_clear", "control",
+          "victim_auc_median", "victim_auc_min", "victim_auc_max", "victims_clear", "runs_clear", "control",
           "selection", "n_items", "converged", "bytes", "bytes_vs_ref"]
 
 
@@ -184,12 +185,18 @@ def _cell(res: T.Results, key: tuple, sel: dict, final: dict) -> dict:
         if "victims" not in res.cache:
             res.cache["victims"] = C.victim_index(res.leakage)
         pool |= C.spread(sel, res.cache["victims"])
+    per = [(s["items"].stat(), s["base"].stat() if isinstance(s["base"], S.Items) else
+            float("nan") if s["base"] is None else float(s["base"])) for s in sel.values()]
+    won = [v > w if mi.higher else v < w for v, w in per if w == w]
+    row["runs_clear"] = f"{sum(won)}/{len(won)}" if won else ""
     row |= dict(value=_fmt(m), ci_low=_fmt(cut(lo)), ci_high=_fmt(cut(hi)), baseline=_fmt(b),
                 baseline_ci_low=_fmt(cut(blo)), baseline_ci_high=_fmt(cut(bhi)), _above=above)
     row |= C.psnr_headlines(metric, sel, seed) | pool | dict(_resolvable=pool.get("_resolvable", True))
     if harm == "reconstruction" and mi.unit != "dB":
         row |= C.recon_side(sel, res.cache["side"], seed)
-    if b == (mi.hi if mi.higher else mi.lo):
+    if row["artifact"] == IN_THE_CLEAR.get(metric):
+        row["reading"] = "sent in the clear: the message carries the value itself (no attack needed)"
+    elif b == (mi.hi if mi.higher else mi.lo):
         row["reading"] = "vacuous: the trivial baseline is already perfect (what the victim's name gives)"
     elif not row["_resolvable"]:
         row["reading"] = C.unresolved(pool)

@@ -91,7 +91,12 @@ def _method(rows: list[dict], reference: str, is_ref: bool) -> str:
         if calls[c]:
             out.append(f"{say} {reference}: " + ", ".join(map(_cell, calls[c])) + ".")
     unresolved = [f"{_cell(r)}: not measurable (a control failed)" for r in leak if r["control"] == "failed"]
-    unresolved += [f"{_cell(r)}: {r['reading']}" for r in leak if r.get("reading")]
+    clear = [_cell(r) for r in leak if r.get("reading", "").startswith("sent in the clear")]
+    if clear:
+        out.append("Sent in the clear (the protocol sends the value itself, no attack needed): " + ", ".join(clear)
+                   + ".")
+    unresolved += [f"{_cell(r)}: {r['reading']}" for r in leak
+                   if r.get("reading") and not r["reading"].startswith("sent in the clear")]
     unresolved += [f"{_cell(r)}: its interval reaches the baseline's" for r in leak
                    if r["control"] != "failed" and not r.get("reading") and not clears(r)]
     unresolved += [f"{_cell(r)} against {reference}: not testable (n = {r['diff_n']} paired runs, fewer than 3)"
