@@ -593,6 +593,16 @@ def test_plots_pass_the_checklist(tmp_path):
         assert max(Image.open(tmp_path / "plots" / f).size) <= 1600
 
 
+def test_the_answer_figure_never_draws_two_channels_alike():
+    """Colour is the method and line style the channel: the reference's channel is solid, another channel dashed,
+    and where the reference itself sends two channels (a Flower app's one strategy) they still differ."""
+    from fdg_audit.report.answer import line_styles
+    assert line_styles([["weights"], ["amplitude_bank", "weights"]], ["weights"]) == {"weights": "-",
+                                                                                      "amplitude_bank": "--"}
+    both = line_styles([["amplitude_bank", "weights"]], ["amplitude_bank", "weights"])
+    assert set(both) == {"amplitude_bank", "weights"} and len(set(both.values())) == 2
+
+
 def test_attacks_a_scenario_left_out_are_named_with_where_they_ran(tmp_path):
     """The attacks section names what the scenario's [[attacks]] tables exclude and prints its see_also lines (where
     those attacks ran); a hostile config adds no markup and no non-strings."""

@@ -23,6 +23,14 @@ from .plots import _fig, _save, _show, colors
 STYLES = ("-", "--", ":", "-.")
 
 
+def line_styles(channels: list, ref: list) -> dict:
+    """{channel: line style} over a panel: the reference method's channels first (solid first), then the others by
+    name, so two channels never share a style, even where the reference itself sends both (a Flower app's one
+    strategy sent its bank and its weights as two solid lines of one colour)."""
+    order = sorted({c for cs in channels for c in cs}, key=lambda c: (c not in ref, c))
+    return {c: STYLES[i % len(STYLES)] for i, c in enumerate(order)}
+
+
 def _panel(ax, m: Model, kind: str, col: dict) -> bool:
     dss = [ds for ds in m.families() if m.kind(ds) == kind]
     settings = sorted({(c.size or WHOLE, c.setting) for c in m.cells if c.group[0] in dss and c.harm ==
@@ -33,6 +41,7 @@ def _panel(ax, m: Model, kind: str, col: dict) -> bool:
     ref = [g for g in m.groups() if g[1] == m.reference]
     ref_ch = m.channels(ref[0]) if ref else []
     seen = set()
+    style = line_styles([m.channels(g) for g in m.groups() if g[0] in dss], ref_ch)
     for g in [g for g in m.groups() if g[0] in dss]:
         if (g[1:]) in seen:
             continue
@@ -45,13 +54,12 @@ def _panel(ax, m: Model, kind: str, col: dict) -> bool:
                 c = m.channel_cell(h, s, ch) if h else None
                 c = c if c and (c.channel or c.measurable) else None   # a chosen channel: measured
                 (pts.append((xs[n], c)) if c else missing.append(xs[n]))
-            style = "-" if ch in ref_ch else STYLES[1 + sorted(m.channels(g)).index(ch) % 3]
             if pts:
                 x = [p[0] for p in pts]
                 y = np.array([p[1].value for p in pts])
                 err = [[max(0, p[1].value - p[1].lo) if p[1].lo == p[1].lo else 0 for p in pts],
                        [max(0, p[1].hi - p[1].value) if p[1].hi == p[1].hi else 0 for p in pts]]
-                ax.errorbar(x, y, yerr=err, color=col[g], ls=style, marker="o", ms=5, capsize=3, lw=1.8,
+                ax.errorbar(x, y, yerr=err, color=col[g], ls=style[ch], marker="o", ms=5, capsize=3, lw=1.8,
                             label=f"{method_words(g)}, {words(ch)}")
                 for xx, c in pts:
                     ax.fill_between([xx - 0.25, xx + 0.25], c.b_lo if c.b_lo == c.b_lo else c.baseline,
