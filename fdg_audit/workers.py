@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.util
 import os
+import shutil
+import subprocess
 import tempfile
 from functools import lru_cache
 
@@ -29,7 +31,13 @@ def worker_context():
         ctx.set_forkserver_preload(["fdg_audit.deaf", "fdg_audit.audit.harness", "torch._dynamo"])
         from multiprocessing import forkserver
         _short_socket_folder()
-        forkserver.ensure_running()   # now: its imports overlap the caller's work before its first worker
+        spawn, env = multiprocessing.util.spawnv_passfds, _deaf_env()
+        if env:   # the forkserver and the resource tracker start deaf to Ctrl-C (module doc of fdg_audit.deaf)
+            multiprocessing.util.spawnv_passfds = lambda path, args, fds: spawn(os.fsencode(env[0]), [*env, *args], fds)
+        try:
+            forkserver.ensure_running()   # now: its imports overlap the caller's work before its first worker
+        finally:
+            multiprocessing.util.spawnv_passfds = spawn
         return ctx
     return mp.get_context("spawn")
 
@@ -50,3 +58,15 @@ def _short_socket_folder():
                         f"writable ({e.strerror}): set TMPDIR to a folder of at most {_SOCKET_DIR_MAX} characters")
     finally:
         tempfile.tempdir = before
+
+
+def _deaf_env() -> list:
+    """``env --ignore-signal=INT`` where GNU env has it (coreutils 8.31 on): a helper process started through it
+    ignores Ctrl-C from its first instruction. The first preload (fdg_audit.deaf) comes only after the interpreter
+    and multiprocessing are imported; a Ctrl-C under load in that window printed the server's traceback."""
+    env = shutil.which("env")
+    try:
+        ok = env and subprocess.run([env, "--ignore-signal=INT", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return [env, "--ignore-signal=INT"] if ok else []

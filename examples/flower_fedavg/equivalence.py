@@ -7,7 +7,9 @@
 Weights: for each seed (its own data draw) and round, the largest absolute difference between the native and the
 Flower payload of every (sender, receiver) weights envelope, and how many are the same bytes. Leakage: every cell
 (attack, victim, round, metric) both folders scored, its mean over seeds in each with a 95% Student-t interval, and
-the paired difference (Flower - native) with its interval; n is printed (below 3 seeds: not testable). A seed
+the paired difference (Flower - native) with its interval, its call Holm-adjusted over the cells, and whether each
+mean lies inside the other's interval; intervals are cut to the metric's range; n is printed (below 3 seeds: not
+testable). Cost rows (CPU seconds, iterations) are not leakage cells and are left out. A seed
 whose Flower folder is missing or not attacked yet is said and left out.
 """
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from fdg_audit.metrics.stats import t_interval
+from fdg_audit.metrics import stats as S
+from fdg_audit.metrics.registry import METRICS, info
 from fdg_audit.store.ledger import Ledger
 
 
@@ -83,17 +86,28 @@ def main(argv=None) -> None:
         x, y = cells(nat_rows, run), cells(fl_rows, run)
         for c in sorted(set(x) & set(y)):
             per_cell[c][seed] = (x[c], y[c])
-    print(f"\nleakage cells scored in both (mean over seeds, 95% Student-t; diff = Flower - native, paired by seed):")
-    outside = 0
-    for c, by in sorted(per_cell.items(), key=lambda kv: (kv[0][0], kv[0][3], kv[0][1], int(kv[0][2]))):
-        nat, fl = np.array([v[0] for v in by.values()]), np.array([v[1] for v in by.values()])
-        d = t_interval(fl - nat)
-        if d[3] >= 3 and not (d[1] <= 0 <= d[2]) and not np.allclose(fl, nat):
-            outside += 1
-        print(f"  {c[0]} {c[3]} {c[1]} round {c[2]}: native {fmt(*t_interval(nat))}, Flower {fmt(*t_interval(fl))},"
-              f" diff {fmt(*d)}, n={d[3]}")
-    print(f"\n{len(per_cell)} cells; {outside} with a paired difference whose interval excludes 0 (no Holm correction)")
+    print("\nleakage cells scored in both (mean over seeds, 95% Student-t cut to the metric's range; diff = Flower - "
+          "native, paired by seed, Holm over every cell's difference):")
+    keys = sorted((c for c in per_cell if c[3] in METRICS and info(c[3]).harm != "none"),
+                  key=lambda c: (c[0], c[3], c[1], int(c[2])))
+    diffs = S.holm_calls([S.compare([f - n for n, f in per_cell[c].values()], metric=c[3]) for c in keys])
+    within = 0
+    for c, d in zip(keys, diffs):
+        mi, by = info(c[3]), per_cell[c]
+        nat, fl = [cut(S.t_interval([v[i] for v in by.values()]), mi.lo, mi.hi) for i in (0, 1)]
+        agree = nat[1] <= fl[0] <= nat[2] and fl[1] <= nat[0] <= fl[2]
+        within += agree
+        print(f"  {c[0]} {c[3]} {c[1]} round {c[2]}: native {fmt(*nat)}, Flower {fmt(*fl)}, diff "
+              f"{fmt(*cut((d['mean'], d['lo'], d['hi'], d['n']), mi.lo - mi.hi, mi.hi - mi.lo))} (n = {d['n']}, "
+              f"{d['call']}){'' if agree else ', a mean outside the other interval'}")
+    calls = Counter(d["call"] for d in diffs)
+    print(f"\n{len(keys)} cells; each mean inside the other's interval in {within}; calls after Holm: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
 
+
+def cut(t: tuple, lo: float, hi: float) -> tuple:
+    """(mean, low, high, n) with the interval cut to [lo, hi] (metrics stay in their range)."""
+    return (t[0], max(t[1], lo), min(t[2], hi), t[3])
 
 if __name__ == "__main__":
     main()
