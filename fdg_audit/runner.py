@@ -59,7 +59,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     described = check_attacks(attack_cfgs, dict(timeout=sc0.attack_timeout, memory_gb=sc0.attack_memory_gb))
     check_filters(described, runs)
     plan_coverage(runs, described, quiet)
-    cost_guard(runs, described, sc0.attack_budget_s, yes, quiet)
+    est = cost_guard(runs, described, sc0.attack_budget_s, yes, quiet)
     # the recorded configuration is without the secret split seeds: those go to truth/
     root, summary, ledger = train_runs(runs, dump_toml(raw), keys, path, sets, out, resume, preview, quiet)
     summary["bytes"] = bytes_summary((asdict(e) for e in ledger.stream()), summary["runs"])
@@ -67,7 +67,7 @@ def run_scenario(path: str, sets: list[str] = (), out: str | None = None, quiet:
     try:
         if attack_cfgs:
             run_attacks(root, attack_cfgs, quiet=quiet, parallel=sc0.parallel, threads=sc0.threads,
-                        resume=resume is not None)
+                        resume=resume is not None, estimates=est)
         write_coverage(root)
         if sc0.report:
             write_report([root], root, quiet=quiet)

@@ -63,3 +63,25 @@ def test_a_victims_cost_follows_its_local_steps(tmp_path):
     one = cost_guard(*_plan(tmp_path, tiny_scenario(attacks=attack, train=dict(batch_size=32))), math.inf, quiet=True)
     four = cost_guard(*_plan(tmp_path, tiny_scenario(attacks=attack, train=dict(batch_size=8))), math.inf, quiet=True)
     assert four["update_inversion"] > 2 * one["update_inversion"], (one, four)
+
+
+def test_time_left_follows_estimated_costs(monkeypatch):
+    """The attack phase's time left comes from the estimates of the jobs left (scaled by measured / estimated so far),
+    not from the job count: one 900 s job after nine jobs estimated at 10 s that took 20 s each is about
+    1800 s left, not 20 s; an unestimated job counts as a mean estimated one; without estimates the count rules."""
+    import fdg_audit.progress as P
+    from fdg_audit.audit.harness import _weights
+    clock = [0.0]
+    monkeypatch.setattr(P.time, "perf_counter", lambda: clock[0])
+    chosen = {f"r{i}": ["cheap"] for i in range(9)} | {"r9": ["dear"]}
+    atks = [("cheap", None, None), ("dear", None, None)]
+    w = _weights(chosen, atks, {"cheap": 90.0, "dear": 900.0})
+    assert w == [10.0] * 9 + [900.0]
+    cases = ((w, "30m00s"), (None, "20s"), (_weights(chosen, atks, {"cheap": 90.0, "dear": None}), "20s"))
+    for weights, want in cases:   # the count-based line said "about 20s left" in the first case too
+        clock[0] = 0.0
+        eta = P.Eta("attack jobs", 10, weights)
+        for _ in range(9):
+            clock[0] += 20.0   # measured twice the estimate: the 900 s job is about 1800 s left
+            line = eta.tick()
+        assert line.endswith(f"about {want} left"), line

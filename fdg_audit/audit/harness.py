@@ -188,7 +188,7 @@ def attack_limits(root: Path) -> dict:
 
 
 def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = True, parallel: int = 1,
-                threads: int = 0, resume: bool = False) -> Path:
+                threads: int = 0, resume: bool = False, estimates: dict | None = None) -> Path:
     """Run attacks on every finished run of a run folder; write leakage.csv, controls, attacks.json and grids.
 
     ``isolate``: each attack runs in a worker process on a materialised view (fdg_audit.audit.sandbox); False runs
@@ -196,7 +196,8 @@ def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = Tr
     attack's control and its runs), each on ``threads`` torch threads (0: this process's count split among them);
     rows, items and grids come out in plan order whatever finishes first. Each finished job is kept at once in
     RUN/attack_jobs/ (``journal``); ``resume`` takes the kept jobs of the same attack settings instead of running them
-    again (an interrupted attack phase goes on where it stopped), else an attack's kept jobs are dropped first."""
+    again (an interrupted attack phase goes on where it stopped), else an attack's kept jobs are dropped first.
+    ``estimates``: the cost guard's CPU s per attack label (None: not estimated), for the progress line's time left."""
     folder = RunFolder(root)
     ledger = open_verified(folder.root, folder.summary())
     if (folder.root / "leakage.csv").exists():   # earlier attacks' rows are kept: a damaged file stops us now
@@ -218,7 +219,7 @@ def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = Tr
     pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
     env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
                           isolate=isolate, pool=pool, quiet=quiet, resume=resume,
-                          eta=Eta("attack jobs", sum(len(v) for v in chosen.values())))
+                          eta=Eta("attack jobs", sum(len(v) for v in chosen.values()), _weights(chosen, attacks, estimates)))
     try:
         for label, atk, job in attacks:
             rows += attack_runs(env, label, atk, dict(job, threads=threads) if threads else job, controls)
@@ -247,6 +248,14 @@ def cache_dir(root: Path, atk, label: str) -> Path:
     name = getattr(atk, "cache", "") or atk.name
     name = name if isinstance(name, str) and CACHE_KEY.fullmatch(name) and ".." not in name else label
     return Path(root) / "attack_cache" / name
+
+
+def _weights(chosen: dict, attacks: list, estimates: dict | None) -> list:
+    """Each attack job's estimated CPU s, in the order the jobs finish: its attack's estimate shared by its jobs."""
+    n = {label: sum(label in v for v in chosen.values()) for label, *_ in attacks}
+    est = estimates or {}
+    return [est[label] / n[label] if est.get(label) is not None else None for label, *_ in attacks
+            for _ in range(n[label])]
 
 
 def attack_runs(env, label: str, atk, job: dict, controls: list) -> list[dict]:
