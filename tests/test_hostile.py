@@ -153,7 +153,8 @@ def test_a_self_description_the_harness_cannot_use_is_one_line(copy, junk, needl
 @pytest.mark.parametrize("sandbox", ["process", pytest.param("bwrap", marks=needs_bwrap)])
 def test_the_attack_cache_is_shared_read_only_and_checked(copy, monkeypatch, sandbox):  # noqa: F811
     """view.keep / view.cached: a second job of the attack reads what the first kept; neither can change the cache
-    from inside; a key that walks out or an object array is that job's one failed row."""
+    from inside; a key that walks out or an object array is that job's one failed row (checked by the harness as
+    each job's result comes back, the same in both modes: tried with plain processes only)."""
     monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
     cache = copy / "attack_cache" / "hostile_keeper"
     run_attacks(copy, [{"name": "hostile:Keeper"}], quiet=True)
@@ -166,7 +167,8 @@ def test_the_attack_cache_is_shared_read_only_and_checked(copy, monkeypatch, san
     assert second["cached"] == [0, 1, 2, 3], second
     assert second["wrote"] is not True or sandbox == "process", second   # without bubblewrap: its own copy
     assert np.load(cache / "state.npz", allow_pickle=False)["x"].tolist() == [0, 1, 2, 3]
-    for how, needle in (("dotdot", "view.keep key '../../escape'"), ("object", "is not a float or integer array")):
+    bad = (("dotdot", "view.keep key '../../escape'"), ("object", "is not a float or integer array"))
+    for how, needle in bad if sandbox == "process" else ():   # checked in the harness: once
         run_attacks(copy, [{"name": "hostile:Keeper", "how": how}], quiet=True)
         (r,) = leakage_rows(copy, attack="hostile_keeper")
         assert r["metric"] == "failed" and needle in r["status"], r
