@@ -97,7 +97,7 @@ def test_stopping_a_worker_that_never_started_is_quiet():
     assert p.pid is None
 
 
-@pytest.mark.parametrize("delay", [0.5, 1.0, 2.0, 3.0])
+@pytest.mark.parametrize("delay", [0.5, 2.0])   # the issue's failing delays; 1.0 and 3.0 took the same path
 def test_ctrl_c_after_the_last_job_is_one_line_or_a_clean_exit(copy, tmp_path, delay):  # noqa: F811
     """Try 7: a Ctrl-C two seconds after the last job killed the process silently (exit -2). Whenever it comes
     after the command's output, the process exits 0 with no error or 2 with the one line, never by the signal."""
