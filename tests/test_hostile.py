@@ -248,6 +248,31 @@ def test_sigint_at_any_moment_is_one_line(copy, tmp_path, delay, sandbox):  # no
     assert p.returncode == 2 and err.count("\n") == 1 and err.startswith("error: interrupted"), err
 
 
+SERVER_AT_START = """
+import os, signal, sys
+from multiprocessing import forkserver
+from fdg_audit.workers import worker_context
+worker_context()
+pid = forkserver._forkserver._forkserver_pid
+while os.readlink(f"/proc/{pid}/exe").endswith("/env"):   # GNU env still starting: python not yet running
+    pass
+ignored = int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("SigIgn")).split()[1], 16)
+print(bool(ignored >> (signal.SIGINT - 1) & 1))
+"""
+
+
+def test_the_worker_server_ignores_ctrl_c_from_its_first_instruction():
+    """helper-15's flake: a Ctrl-C under load reached the forkserver while its interpreter still imported
+    multiprocessing, before the first preload (fdg_audit.deaf) ignores it, and printed its traceback. The server now
+    starts through ``env --ignore-signal=INT``: as soon as its python runs, SIGINT is already ignored (before, only
+    seconds later, once the preload ran)."""
+    from fdg_audit.workers import _deaf_env
+    if not _deaf_env() or not Path("/proc/self/status").exists():
+        pytest.skip("no GNU env with --ignore-signal, or no /proc: the preload alone guards the server")
+    r = subprocess.run([sys.executable, "-c", SERVER_AT_START], env=CODE, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr[-2000:]
+
+
 def test_a_long_tmpdir_still_runs_process_workers(copy, tmp_path):  # noqa: F811
     """CI's break: under xdist, pytest's per-test TMPDIR was long enough that the forkserver's Unix socket path passed
     107 bytes ("OSError: AF_UNIX path too long", a traceback, no attack run)."""
