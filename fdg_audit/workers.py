@@ -66,7 +66,8 @@ def _deaf_env() -> list:
     and multiprocessing are imported; a Ctrl-C under load in that window printed the server's traceback."""
     env = shutil.which("env")
     try:
-        ok = env and subprocess.run([env, "--ignore-signal=INT", "true"], capture_output=True, timeout=30).returncode == 0
+        ok = env and subprocess.run([env, "--ignore-signal=INT", "true"], capture_output=True,
+                                    timeout=30).returncode == 0
     except (OSError, subprocess.SubprocessError):
         ok = False
     return [env, "--ignore-signal=INT"] if ok else []

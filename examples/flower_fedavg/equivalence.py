@@ -109,5 +109,6 @@ def cut(t: tuple, lo: float, hi: float) -> tuple:
     """(mean, low, high, n) with the interval cut to [lo, hi] (metrics stay in their range)."""
     return (t[0], max(t[1], lo), min(t[2], hi), t[3])
 
+
 if __name__ == "__main__":
     main()

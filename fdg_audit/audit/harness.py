@@ -219,7 +219,8 @@ def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = Tr
     pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
     env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
                           isolate=isolate, pool=pool, quiet=quiet, resume=resume,
-                          eta=Eta("attack jobs", sum(len(v) for v in chosen.values()), _weights(chosen, attacks, estimates)))
+                          eta=Eta("attack jobs", sum(len(v) for v in chosen.values()),
+                                  _weights(chosen, attacks, estimates)))
     try:
         for label, atk, job in attacks:
             rows += attack_runs(env, label, atk, dict(job, threads=threads) if threads else job, controls)

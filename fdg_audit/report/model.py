@@ -6,7 +6,8 @@ comparisons.csv, report.md's sections, the HTML, the answer figure and ``python 
   its unit, its baseline with its interval and which baseline it is (``baseline_kind``: the strongest guess an
   attacker has for free where the attack names one, else "trivial"; accuracy: "chance") and the metric's chance,
   legibility where the scorer gives it, the reading (``state``: "leak", "no leak above baseline", "not measurable",
-  "not resolvable", "vacuous", "sent in the clear"), the attack and channel chosen (one cross-fitted rule, report/select.py), and
+  "not resolvable", "vacuous", "sent in the clear"), the attack and channel chosen (one cross-fitted rule,
+  report/select.py), and
   ``comparison``: the one comparison whose Δ the row shows.
 * ``Comparison``: one row of comparisons.csv (between two methods whatever the channel, or between two channels of
   one method), with its one Holm-adjusted p-value and one call. A cell shows the comparison in which it is A and

@@ -209,7 +209,8 @@ def accuracy(m: Model) -> str | None:
     c = max(main, key=lambda c: max(abs(c.lo), abs(c.hi)))
     at = _at(m, c)
     x = max(abs(c.lo), abs(c.hi))
-    return _late(m, [f"No held-out accuracy difference to {mw(('', m.reference, ''))} is resolved at this budget, every one lies "
+    return _late(m, [f"No held-out accuracy difference to {mw(('', m.reference, ''))} is resolved at this budget, "
+                 f"every one lies "
                  f"within ±{x:.3f} at 95%, the widest being {mw(c.a)} on {words(c.dataset)} at "
                  f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}"])
 
