@@ -162,8 +162,9 @@ class UpdateInversion(Attack):
         (FedAvg and FedDG send n_samples; CSAC's size search costs more, the plateau rule stops some victims early)."""
         p = self.p
         its = p.iterations * p.restarts * max(1, len(p.rounds))
+        group = {"victims": 1, "parties": p.max_parties} if p.adversary_view == "client" else {}   # the others' mean
         return {"run": 25.0 * p.prior_steps / 1e3 if p.prior == "learned" else 0.0, "victim": 1.5,
-                "image_step": 5.2 / 1e3 * its, "max_images": p.max_images}
+                "image_step": 5.2 / 1e3 * its, "max_images": p.max_images, **group}
 
     def _gen(self, *keys) -> torch.Generator:
         return seeding.torch_gen(self.p.seed, *keys)

@@ -143,7 +143,9 @@ def estimate(attacks: dict, runs: list[dict]) -> dict[str, float | None]:
     run when it reads a kind the method declares and its filters want the run: ``JOB_S`` and its ``"run"`` cost per
     run, and per victim (at most ``max_victims``) ``"victim"`` + images (capped at ``"max_images"``) x (``"image"`` +
     ``"image_step"`` x the victim's local steps), plus its control job (``JOB_S`` + ``"control"``); all from
-    ``Attack.cost()``. None: the attack declares no cost (not estimated, never counted as 0). An attack that reads
+    ``Attack.cost()``. An attack whose victim is a group of clients (a curious client's view of the others' mean)
+    says so with ``"victims"`` (victims per run, at most) and ``"parties"`` (clients modelled per victim, each with
+    the images of a client of that size; 0: every other client of the run). None: the attack declares no cost (not estimated, never counted as 0). An attack that reads
     no run of the plan is left out."""
     out = {}
     for label, d in attacks.items():
@@ -159,10 +161,11 @@ def estimate(attacks: dict, runs: list[dict]) -> dict[str, float | None]:
         cap, total = int(c.get("max_images", 0)), JOB_S + c.get("control", 0.0)
         for r in mine:
             sizes = sorted(r["clients"].values())
+            victims = (sizes[:p.max_victims] if p.max_victims else sizes)[:int(c["victims"]) if "victims" in c else None]
+            parties = min(int(c.get("parties") or len(sizes) - 1), len(sizes) - 1) if "parties" in c else 1
             total += JOB_S + c.get("run", 0.0) + sum(
-                c.get("victim", 0.0) + (min(n, cap) if cap else n) * (c.get("image", 0.0) + c.get("image_step", 0.0)
-                                                                      * r["steps"](n))
-                for n in (sizes[:p.max_victims] if p.max_victims else sizes))
+                c.get("victim", 0.0) + parties * (min(n, cap) if cap else n)
+                * (c.get("image", 0.0) + c.get("image_step", 0.0) * r["steps"](n)) for n in victims)
         out[label] = total
     return out
 
