@@ -95,3 +95,15 @@ def test_page_one_names_methods_as_their_papers_write_them():
         assert t and t != n and not re.search(rf"(?<![\w/#.-]){n}(?![\w-])", LINK.sub("", said)), (n, said)
     assert any(load("method", n).title in said for n in names)
     assert title("os:system") == "os:system" and title("not_a_method") == "not a method"
+
+
+@pytest.mark.parametrize("name", ["example-report", "membership-report"])
+def test_the_answer_figures_note_describes_the_panels_it_has(name):
+    """A report with a reconstruction cell explains the re-identification lines; one without (the membership
+    companion runs none) says its figure is accuracy only, never lines that are not drawn."""
+    from fdg_audit.report.pageone import ACCURACY_NOTE, FIGURE_NOTE
+    folder = EXAMPLE.parent / name
+    with open(folder / "scorecard.csv", newline="") as f:
+        recon = any(r["harm"] == "reconstruction" for r in csv.DictReader(f))
+    md = (folder / "report.md").read_text()
+    assert (FIGURE_NOTE in md, ACCURACY_NOTE in md) == (recon, not recon)

@@ -250,6 +250,8 @@ FIGURE_NOTE = ("How to read it: each line is one method (colour) and one channel
                "against the client's size, with 95% intervals over runs, the grey band is chance or the free guess, "
                "a cross marks a channel not attacked at that size, the right panel is held-out accuracy with its "
                "chance line.")
+ACCURACY_NOTE = ("How to read it: held-out accuracy per family and method, the mean over runs with its 95% interval, "
+                 "the dotted line is chance. No reconstruction attack ran, so there is no re-identification panel.")
 
 
 def page_one_md(m: Model, figure: str | None, strips: list[str]) -> list[str]:
@@ -258,7 +260,7 @@ def page_one_md(m: Model, figure: str | None, strips: list[str]) -> list[str]:
     md = ["## The answer", ""] + [" ".join(sentences(m)), ""]
     if figure:
         md += [f"![answer figure: re-identification against client size, and held-out accuracy](plots/{figure})", "",
-               FIGURE_NOTE, ""]
+               FIGURE_NOTE if any(c.harm == "reconstruction" for c in m.cells) else ACCURACY_NOTE, ""]
     if strips:
         md += [" ".join(f"![truth and reconstruction, {words(s.split('.')[0])}](plots/{s})" for s in strips), "",
                "Top row: the victim's images, bottom row: the reconstruction, one strip per channel.", ""]
