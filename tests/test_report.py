@@ -619,3 +619,13 @@ def test_attacks_a_scenario_left_out_are_named_with_where_they_ran(tmp_path):
     plain = fabricate(tmp_path / "p", leakage=[leak_row(run_id("fedavg", "", "A", 0), "loss", "weights", "B", 2,
                                                          "auc", 0.6, 0.5)])
     assert "Left out by the scenario" not in write_report([plain], tmp_path / "o2").read_text()
+
+
+def test_a_legend_entry_is_cut_per_line():
+    """A folder's labels are data: every figure's legend and tick labels are cut to LEGEND_CHARS per line (a
+    100,000-character method label took matplotlib 45 s to draw), and a short label is kept as it is."""
+    from fdg_audit.report.formatting import LEGEND_CHARS, legend_label
+    long = "L" * 100_000 + "\n    12 members"
+    cut = legend_label(long).split("\n")
+    assert [len(x) for x in cut] == [LEGEND_CHARS, len("    12 members")] and cut[0].endswith("…")
+    assert legend_label("FedAvg: AUC 0.5") == "FedAvg: AUC 0.5"

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..attack import ORACLE
 from . import threat as TH
-from .formatting import method_words, slug, words
+from .formatting import legend_label, method_words, slug, words
 from .model import WHOLE, Cell, Model
 from .plots import _fig, _save, _show, colors
 
@@ -117,7 +117,7 @@ def answer_figure(m: Model, out: Path) -> str | None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     if handles:
-        fig.legend(list(handles.values()), list(handles), fontsize=10, loc="outside lower center",
+        fig.legend(list(handles.values()), [legend_label(x) for x in handles], fontsize=10, loc="outside lower center",
                    ncol=min(4, len(handles)), frameon=False)
     return _save(fig, out, "answer.png")
 

@@ -24,6 +24,7 @@ from ..store.safe import write_in
 from .formatting import num, slug
 from .select import per_channel
 from .formatting import gkey
+from .plots import _legend
 
 CANARIES = ("canaries", "update_canaries", "gradient_canaries")   # fdg_audit.privacy.AuditConfig's canary counts
 
@@ -95,7 +96,7 @@ def _plot(path: Path, title: str, metric: str, lines: dict, inf_x: float, finite
     ax.set_xlabel("ε per client (δ from privacy.csv)")
     ax.set_ylabel(metric)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, dpi=110, format="png")

@@ -63,6 +63,7 @@ def human_bytes(b: float) -> str:
 _HIDDEN = re.compile("[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
 _MD = re.compile(r"([\\`*<>|!])")
 CELL_CHARS = 2000
+LEGEND_CHARS = 80
 
 
 def clean(s, limit: int = CELL_CHARS) -> str:
@@ -131,3 +132,9 @@ def title(name: str) -> str:
 def method_words(g: tuple) -> str:
     """A group's method in words: its title (as its paper writes it) and its variant in words."""
     return " ".join((title(g[1]) + " " + words(g[2])).split())
+
+
+def legend_label(label: str) -> str:
+    """A figure's legend or tick label cut to LEGEND_CHARS per line (a folder's labels are data: a 100,000-character
+    method label took matplotlib 45 s to draw in full)."""
+    return "\n".join(x if len(x) <= LEGEND_CHARS else x[:LEGEND_CHARS - 1] + "…" for x in label.split("\n"))

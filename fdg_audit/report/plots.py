@@ -20,7 +20,7 @@ from ..store.runfolder import victim_tag
 from ..store.safe import write_in
 from . import tables as T
 from .curves import domain_of
-from .formatting import ARROW, human_bytes, slug
+from .formatting import ARROW, human_bytes, legend_label, slug
 
 DPI = 110
 
@@ -57,11 +57,11 @@ def line_styles(res: T.Results) -> dict:
 
 
 def _legend(ax, **kw):
-    """A legend with each label once (repeated artists of one method draw one entry)."""
+    """A legend with each label once (repeated artists of one method draw one entry), each cut (``legend_label``)."""
     h, labels = ax.get_legend_handles_labels()
     keep = dict(zip(labels, h))
     if keep:
-        ax.legend(list(keep.values()), list(keep), **kw)
+        ax.legend(list(keep.values()), [legend_label(x) for x in keep], **kw)
 
 
 def _seeds(rows) -> str:
@@ -137,7 +137,7 @@ def sweep(res: T.Results, acc: list[dict], out: Path) -> list[str]:
             ax.set_ylabel("held-out accuracy, mean over targets")
             ax.set_title(f"{ds}: accuracy vs {key}; mean ± std over {_seeds(rows)}", fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8, frameon=False)
+            _legend(ax, fontsize=8, frameon=False)
             files.append(_save(fig, out, f"sweep_{slug(ds)}_{slug(key)}.png"))
     return files
 
@@ -178,9 +178,9 @@ def bytes_per_round(res: T.Results, by: dict, out: Path) -> list[str]:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(f"{unit} per run (encoded wire bytes; 1 kB = 10³ B)")
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(range(len(gs)), [res.label(g) for g in gs])
+    axes[0].set_yticks(range(len(gs)), [legend_label(res.label(g)) for g in gs])
     axes[0].invert_yaxis()
-    handles = [Patch(color=kc[k], label=k) for k in kinds] + \
+    handles = [Patch(color=kc[k], label=legend_label(k)) for k in kinds] + \
         [Patch(facecolor="white", edgecolor="0.3", hatch=hatch[d], label=f"{ARROW[d]} {d}")
          for d in dict.fromkeys(d for _, d in parts)]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(7, len(handles)), fontsize=8, frameon=False)
@@ -217,7 +217,7 @@ def privacy(res: T.Results, acc: list[dict], eps: dict, out: Path) -> list[str]:
     ax.set_title(f"Privacy vs accuracy; mean ± std over {_seeds(list(accs.values()))}\n"
                  "baseline: the same methods without DP (dashed)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return [_save(fig, out, "privacy_vs_accuracy.png")]
 
 
@@ -394,7 +394,7 @@ def size_curve(res: T.Results, rows: list[dict], out: Path) -> list[str]:
                      "(upper bound); grey dotted: each channel's trivial baseline; colour: the method; marker: the "
                      "channel",
                      fontsize=9)
-        handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
+        handles = {legend_label(h.get_label()): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
         fig.legend(list(handles.values()), list(handles), fontsize=7, loc="outside lower center", ncol=3)
         files.append(_save(fig, out, f"size_curve_{slug(ds)}.png"))
     return files
