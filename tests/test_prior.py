@@ -137,8 +137,8 @@ SCENARIO = tiny_scenario(
     name="prior", data=dict(dataset="mnist", domains=["rot0", "rot15", "rot45"], per_domain=60),
     train=dict(batch_size=32), methods=[dict(name="test_amplitude_attacks:FakeBank", label="m")],
     attacks=[dict(name="amplitude_phase_retrieval", variants=["box", "learned"], hio=60, er=20, restarts=2,
-                  learned_steps=20, max_images=4, prior_steps=50),
-             dict(name="update_inversion", prior="learned", iterations=10, restarts=1, max_victims=1, prior_steps=50)])
+                  learned_steps=20, max_images=4, prior_steps=200),
+             dict(name="update_inversion", prior="learned", iterations=10, restarts=1, max_victims=1, prior_steps=200)])
 
 
 def test_both_attacks_name_the_learned_prior_through_the_pipeline(run_toml):
