@@ -115,11 +115,12 @@ def test_lira_and_rmia_train_equal_reference_federations_once_through_their_shar
         references(view, aux, RMIA.Params(refs=3, ref_rounds=1), view.clients, online=False)
 
 
-def test_controls_lira_rmia_with_two_references():
-    for atk in (LiRA(LiRA.Params(refs=2)), RMIA(RMIA.Params(refs=2))):
-        pos, neg = atk.control()
-        assert pos.passed and pos.value >= 0.8, (atk.name, pos)
-        assert neg.passed, (atk.name, neg)
+def test_lira_controls_with_two_references():
+    """LiRA below its default 4 references. RMIA's default is 2 references: its controls at that setting are
+    asserted once, in tests/test_conformance.py (controls at defaults)."""
+    pos, neg = LiRA(LiRA.Params(refs=2)).control()
+    assert pos.passed and pos.value >= 0.8, pos
+    assert neg.passed, neg
 
 
 def test_harness_writes_pooled_rows_and_raw_scores(run_toml):
