@@ -123,13 +123,14 @@ def flower_run(root: Path, seed: int, bank: bool) -> FlowerRecorder:
     return rec
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_native_and_flower_fedavg_send_the_same_weights(recorded, tmp_path, seed, one_thread):
-    """The same FedAvg (data, seeds, clients) run natively, at three seeds (each its own data draw and model): the
+    """The same FedAvg (data, seeds, clients) run natively, at two seeds (each its own data draw and model): the
     broadcast and the uploads of round 1 are the same bytes; round 2 agrees within float tolerance (Flower averages
     in float32, native FedAvg in float64). Seed 0 is the recorded run above (FedAvg + bank: the bank stays out of the
-    average), seeds 1 and 2 plain FedAvg. Both train on one torch thread (the Flower clients set it; ``one_thread``
-    here): a float sum's bits depend on how many threads split it."""
+    average), seed 1 plain FedAvg (a third seed, plain FedAvg again, cost 20 s of the suite for no other path).
+    Both train on one torch thread (the Flower clients set it; ``one_thread`` here): a float sum's bits depend on
+    how many threads split it."""
     from fdg_audit.protocol import load_method
     from fdg_audit.train.federation import RunSpec, run_federation
     root, rec = recorded if seed == SEED else (tmp_path / "run", None)

@@ -20,7 +20,15 @@ def test_named_scenario_runs_small(tmp_path, capsys):
             "attacks.amplitude_phase_retrieval.restarts=2", "attacks.update_inversion.iterations=10",
             "attacks.amplitude_phase_retrieval.render_restarts=4", "attacks.amplitude_phase_retrieval.render_steps=[50, 50]",
             "attacks.all.exclude=[\"mia_lira\", \"mia_rmia\", \"mia_trajectory\", \"dp_audit_artifact\", \"dp_audit_client\", "
-            "\"dp_audit_dpsgd\", \"fedavg_leakage\"]"]
+            "\"dp_audit_dpsgd\", \"fedavg_leakage\"]",
+            # only what the assertions below read: the "all" entry on rotated (not digits_dg), update inversion of
+            # small clients on rotated_small (not digits_small), of whole domains on rotated, and the bank attack's
+            # "learned" variant (the size curve's) on the rotated families
+            "attacks.all.datasets=[\"rotated\"]", "attacks.update_inversion.datasets=[\"rotated_small\"]",
+            "attacks.update_inversion_domain.datasets=[\"rotated\"]", "attacks.update_inversion_domain.iterations=10",
+            "attacks.update_inversion_domain.plateau_window=5",
+            "attacks.amplitude_phase_retrieval.datasets=[\"rotated\", \"rotated_small\"]",
+            "attacks.amplitude_phase_retrieval.variants=[\"learned\"]"]
     argv = ["scenario", str(SCENARIO), "--out", str(tmp_path), "--quiet", "--set", *tiny[:12], "--set", *tiny[12:]]
     assert main(argv) == 0
     root = Path(capsys.readouterr().out.strip().splitlines()[-1].split("results: ")[1])
