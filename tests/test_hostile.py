@@ -113,7 +113,9 @@ def _protocol(copy, sandbox: str, monkeypatch, capsys, hows=ALL):  # noqa: F811
         _settings(copy, attack_timeout=HANG_S[sandbox], attack_memory_gb=1)
         run_attacks(copy, [cfgs["hang"]], quiet=True)
     rows = {h: leakage_rows(copy, attack=f"p_{h}") for h in hows}
-    assert {r["metric"] for r in rows["ok"]} >= {"auc"} and all(r["status"] == "ok" for r in rows["ok"]), rows["ok"]
+    if "ok" in hows:
+        ok = rows["ok"]
+        assert {r["metric"] for r in ok} >= {"auc"} and all(r["status"] == "ok" for r in ok), ok
     want = dict(link="other than a regular file", fifo="other than a regular file", pickle="not plain arrays and JSON",
                 victim="is not a client of run", memory="MemoryError",
                 hang=f"longer than attack_timeout = {HANG_S[sandbox]} s")
@@ -138,8 +140,9 @@ def test_results_are_data_and_every_worker_ends(copy, monkeypatch, capsys):  # n
 def test_results_are_data_under_bubblewrap(copy, monkeypatch, capsys):  # noqa: F811
     """The same under bubblewrap (a fresh interpreter per worker: only a link out of the sandbox's view and a worker
     that never ends, whose whole sandbox is stopped; a pickle is refused by the same parent-side decoding in both
-    modes, tried above)."""
-    _protocol(copy, "bwrap", monkeypatch, capsys, ("ok", "link", "hang"))
+    modes, tried above). Its plain control attack is tried in plain processes above; a plain attack scored beside a
+    hostile one under bubblewrap is tests/test_sandbox.py's dataset_size beside the forger."""
+    _protocol(copy, "bwrap", monkeypatch, capsys, ("link", "hang"))
 
 
 @pytest.mark.parametrize("junk,needle", [("targets", ".targets = 5: use a list of domain names"),

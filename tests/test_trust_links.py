@@ -2,6 +2,7 @@
 the folder are never followed (``report`` and ``attack`` write only inside the folder they were given), FIFOs and
 devices are refused before they are read, sizes are capped before reading, and long names are shortened with their
 hash. Each test is one of the hostile tester's tries."""
+import json
 import os
 import resource
 import shutil
@@ -13,24 +14,12 @@ import numpy as np
 import pytest
 
 from fdg_audit.audit.harness import run_attacks
+from fdg_audit.cli import main
 from fdg_audit.errors import UserError
 from fdg_audit.store.runfolder import RunFolder
 
 from test_hostile import CODE
 from test_trust import copy, one_line_error, root  # noqa: F401  (fixtures: a finished run folder and a copy)
-
-
-def _cli(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The command in a process of its own, its address space capped at 4 GB (on 3cee758 a link to /dev/zero grew
-    ``report`` to 24 GB), ended after ``timeout`` s (a FIFO hung it)."""
-    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731
-    return subprocess.run([sys.executable, "-m", "fdg_audit", *args], env=dict(CODE, FDG_AUDIT_SANDBOX="process"),
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=cap)
-
-
-def _one_line(p: subprocess.CompletedProcess, needle: str) -> None:
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: "), p.stderr[-3000:]
-    assert needle in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def _a_run(folder: Path) -> str:
@@ -43,25 +32,24 @@ def run_tag(run: str) -> str:
     return run.replace("/", "__")
 
 
-def test_report_writes_nothing_through_a_linked_plots_folder(copy, tmp_path):  # noqa: F811
+def test_report_writes_nothing_through_a_linked_plots_folder(copy, tmp_path, capsys):  # noqa: F811
     """Try 3a: plots/ linked to a folder outside made ``report`` write its figures there."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (copy / "plots").symlink_to(outside, target_is_directory=True)
-    _one_line(_cli(["report", str(copy)]), "plots is not a folder")
+    one_line_error(capsys, ["report", str(copy)], "plots is not a folder")
     assert list(outside.iterdir()) == []
 
 
 def test_report_replaces_a_linked_figure_instead_of_writing_through_it(copy, tmp_path):  # noqa: F811
     """Try 3b: plots/<name>.png linked to a file outside made ``report`` overwrite that file."""
-    assert _cli(["report", str(copy)]).returncode == 0
+    assert main(["report", str(copy)]) == 0
     fig = sorted((copy / "plots").glob("*.png"))[0]
     outside = tmp_path / "precious.txt"
     outside.write_text("keep me")
     fig.unlink()
     fig.symlink_to(outside)
-    p = _cli(["report", str(copy)])
-    assert p.returncode == 0, p.stderr
+    assert main(["report", str(copy)]) == 0
     assert outside.read_text() == "keep me" and not fig.is_symlink() and fig.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -97,37 +85,53 @@ def test_a_linked_attack_cache_hands_the_plugin_nothing_outside(copy, tmp_path, 
     assert np.load(outside / "state.npz")["x"].tolist() == [7, 7, 7]
 
 
-def _fifo(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        path.unlink()
-    os.mkfifo(path)
+# Try 4a: mia/…npz, items/…npz, leakage.csv, summary.json as FIFOs hung ``attack`` or ``report`` until killed; try
+# 4b: summary.json, config.resolved.toml, messages.jsonl and items/…npz linked to /dev/zero were read without limit
+# (24 GB, then the kernel's OOM killer; under a 4 GB cap a MemoryError traceback)
+TRIES = [("fifo", "report", "mia/dataset_size/{run}.npz"), ("fifo", "report", "items/dataset_size/{run}.npz"),
+         ("fifo", "report", "leakage.csv"), ("fifo", "attack", "leakage.csv"), ("fifo", "attack", "summary.json"),
+         ("zero", "attack", "summary.json"), ("zero", "attack", "config.resolved.toml"),
+         ("zero", "attack", "messages.jsonl"), ("zero", "report", "items/dataset_size/{run}.npz")]
+
+# each try's command in turn in one process (one interpreter start for all): its exit code and its stderr, a
+# traceback escaping the command included
+EACH = """
+import contextlib, io, json, sys, traceback
+from fdg_audit.cli import main
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(args)
+        except BaseException:
+            code = None
+            traceback.print_exc()
+    print(json.dumps([code, err.getvalue()]), flush=True)
+"""
 
 
-@pytest.mark.parametrize("cmd,file", [("report", "mia/dataset_size/{run}.npz"),
-                                      ("report", "items/dataset_size/{run}.npz"),
-                                      ("report", "leakage.csv"), ("attack", "leakage.csv"),
-                                      ("attack", "summary.json")])
-def test_a_fifo_in_the_folder_is_one_line_not_a_hang(copy, cmd, file):  # noqa: F811
-    """Try 4a: mia/…npz, items/…npz, leakage.csv, summary.json as FIFOs hung ``attack`` or ``report`` until
-    killed (here: ended after 300 s, a failure)."""
-    _fifo(copy / file.format(run=run_tag(_a_run(copy))))
-    args = ["attack", str(copy), "--attacks", "dataset_size", "--quiet"] if cmd == "attack" else ["report", str(copy)]
-    _one_line(_cli(args), "is not a regular file")
-
-
-@pytest.mark.parametrize("cmd,file", [("attack", "summary.json"), ("attack", "config.resolved.toml"),
-                                      ("attack", "messages.jsonl"), ("report", "items/dataset_size/{run}.npz")])
-def test_a_link_to_dev_zero_is_one_line_not_unbounded_reading(copy, cmd, file):  # noqa: F811
-    """Try 4b: summary.json, config.resolved.toml, messages.jsonl and items/…npz linked to /dev/zero were read
-    without limit (24 GB, then the kernel's OOM killer; under a 4 GB cap a MemoryError traceback)."""
-    f = copy / file.format(run=run_tag(_a_run(copy)))
-    f.parent.mkdir(parents=True, exist_ok=True)
-    if f.exists():
-        f.unlink()
-    f.symlink_to("/dev/zero")
-    args = ["attack", str(copy), "--attacks", "dataset_size", "--quiet"] if cmd == "attack" else ["report", str(copy)]
-    _one_line(_cli(args), "is not a regular file")
+def test_fifos_and_links_to_dev_zero_are_one_line_not_a_hang_or_unbounded_reading(root, tmp_path):  # noqa: F811
+    """Tries 4a and 4b, each on its own copy of the run folder, one command after another in one process capped at
+    4 GB and ended after 600 s (a FIFO that hangs it fails the test; so does a MemoryError's traceback)."""
+    argvs = []
+    for i, (how, cmd, file) in enumerate(TRIES):
+        folder = tmp_path / f"try{i}" / "runs" / "tr" / "copy"
+        shutil.copytree(root, folder)
+        f = folder / file.format(run=run_tag(_a_run(folder)))
+        f.parent.mkdir(parents=True, exist_ok=True)
+        if f.exists():
+            f.unlink()
+        os.mkfifo(f) if how == "fifo" else f.symlink_to("/dev/zero")
+        argvs.append(["attack", str(folder), "--attacks", "dataset_size", "--quiet"] if cmd == "attack"
+                     else ["report", str(folder)])
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))  # noqa: E731
+    p = subprocess.run([sys.executable, "-c", EACH, json.dumps(argvs)], env=dict(CODE, FDG_AUDIT_SANDBOX="process"),
+                       capture_output=True, text=True, timeout=600, preexec_fn=cap)
+    got = [json.loads(x) for x in p.stdout.splitlines()]
+    assert p.returncode == 0 and len(got) == len(TRIES), (p.returncode, got, p.stderr[-3000:])
+    for t, (code, err) in zip(TRIES, got):
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), (t, err[-3000:])
+        assert "is not a regular file" in err and "Traceback" not in err, (t, err)
 
 
 def test_long_names_are_hashed_not_a_traceback(tmp_path):
