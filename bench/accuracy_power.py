@@ -6,8 +6,9 @@ Reads summary.json of each finished run folder (the main job's, or any scenario 
 each method's run with the reference's run of the same folder, data set, held-out target and seed (the pairing the
 report uses), and prints per data set and method: n paired runs, the mean paired difference in held-out accuracy
 with its 95% Student-t interval, the SD of the differences (over all folders, and the range of the per-folder SDs),
-the t-test p Holm-adjusted over the printed comparisons, and the smallest n whose 95% interval's half-width t(n-1) * SD / sqrt(n) is at most the margin (0.02: the accuracy
-margin of fdg_audit/metrics/registry.py). Folders of one scenario are independent draws when each seed draws its own
+the t-test p Holm-adjusted over the printed comparisons, and the
+smallest n whose 95% interval's half-width t(n-1) * SD / sqrt(n) is at most the margin (0.02: the accuracy margin
+of fdg_audit/metrics/registry.py). Folders of one scenario are independent draws when each seed draws its own
 data (the default), so pooling them adds runs; a family whose runs hold out a single target measures the seed-to-seed
 spread only, not the spread between targets.
 """

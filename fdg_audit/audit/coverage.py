@@ -145,8 +145,8 @@ def estimate(attacks: dict, runs: list[dict]) -> dict[str, float | None]:
     ``"image_step"`` x the victim's local steps), plus its control job (``JOB_S`` + ``"control"``); all from
     ``Attack.cost()``. An attack whose victim is a group of clients (a curious client's view of the others' mean)
     says so with ``"victims"`` (victims per run, at most) and ``"parties"`` (clients modelled per victim, each with
-    the images of a client of that size; 0: every other client of the run). None: the attack declares no cost (not estimated, never counted as 0). An attack that reads
-    no run of the plan is left out."""
+    the images of a client of that size; 0: every other client of the run). None: the attack declares no cost (not
+    estimated, never counted as 0). An attack that reads no run of the plan is left out."""
     out = {}
     for label, d in attacks.items():
         c, p = d.cost, d.p
@@ -161,7 +161,8 @@ def estimate(attacks: dict, runs: list[dict]) -> dict[str, float | None]:
         cap, total = int(c.get("max_images", 0)), JOB_S + c.get("control", 0.0)
         for r in mine:
             sizes = sorted(r["clients"].values())
-            victims = (sizes[:p.max_victims] if p.max_victims else sizes)[:int(c["victims"]) if "victims" in c else None]
+            victims = sizes[:p.max_victims] if p.max_victims else sizes
+            victims = victims[:int(c["victims"])] if "victims" in c else victims
             parties = min(int(c.get("parties") or len(sizes) - 1), len(sizes) - 1) if "parties" in c else 1
             total += JOB_S + c.get("run", 0.0) + sum(
                 c.get("victim", 0.0) + parties * (min(n, cap) if cap else n)
