@@ -117,3 +117,35 @@ def test_ctrl_c_after_the_last_job_is_one_line_or_a_clean_exit(copy, tmp_path, d
     assert line.startswith("leakage: "), line + err
     assert p.returncode == 0 and err == "" or p.returncode == 2 and err.count("\n") == 1 and \
         err.startswith("error: interrupted"), (p.returncode, err)
+
+
+@needs_bwrap
+def test_ctrl_c_inside_popen_stops_the_sandbox_before_its_folder_goes(copy, monkeypatch, capfd, tmp_path):  # noqa: F811
+    """Issue 51 (the loaded fresh-clone suite): a Ctrl-C that lands inside ``Popen``, after bubblewrap is forked,
+    made the clean-up remove the sandbox's view folder while bubblewrap was still starting and no one held its pid;
+    bubblewrap printed "Can't find source path" on the user's terminal. The signal here comes at that moment, in the
+    third sandbox (the spare started ahead for the next job): it is held until the sandbox is registered, so every
+    bubblewrap is stopped and reaped before its folder goes, no view folder or sandbox is left, and bubblewrap's
+    stderr is a private file, not the terminal."""
+    import tempfile
+
+    import fdg_audit.audit.sandbox as sandbox
+    monkeypatch.setenv("FDG_AUDIT_SANDBOX", "bwrap")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    started = []
+
+    class Popen(subprocess.Popen):
+        def __init__(self, argv, *a, **k):
+            super().__init__(argv, *a, **k)
+            if "--new-session" in argv:
+                started.append(self)
+                if len(started) == 3:   # the user's Ctrl-C arrives right now
+                    os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(sandbox.subprocess, "Popen", Popen)
+    capfd.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        run_attacks(copy, [{"name": "dataset_size"}], quiet=True)
+    assert len(started) == 3 and all(p.returncode is not None for p in started), started   # stopped and reaped
+    assert not sandbox._LIVE and not sandbox._IDLE and not list(tmp_path.glob("fdg_view_*"))
+    assert "bwrap" not in capfd.readouterr().err

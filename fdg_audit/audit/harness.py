@@ -207,21 +207,21 @@ def run_attacks(root, attack_cfgs: list, quiet: bool = False, isolate: bool = Tr
     sandbox.allow_workers()
     runs, data = load_runs(folder.root)
     device = torch.device(resolve_device("auto"))
-    attacks = [_make(c, device, isolate, limits) for c in attack_cfgs]
-    chosen = _selection(ledger, runs, attacks, True)
-    used = {label for labels in chosen.values() for label in labels}
-    attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
     parallel = max(1, parallel) if isolate else 1
     threads = threads or (max(1, torch.get_num_threads() // parallel) if parallel > 1 else 0)
-    rows, controls, cache = [], [], {}
-    if isolate and sandbox.sandbox_mode() == "process":   # the forkserver starts now, well before the first job
-        sandbox.worker_context()
-    pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
-    env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
-                          isolate=isolate, pool=pool, quiet=quiet, resume=resume,
-                          eta=Eta("attack jobs", sum(len(v) for v in chosen.values()),
-                                  _weights(chosen, attacks, estimates)))
-    try:
+    rows, controls, cache, pool = [], [], {}, None
+    try:   # from the first describe job on
+        attacks = [_make(c, device, isolate, limits) for c in attack_cfgs]
+        chosen = _selection(ledger, runs, attacks, True)
+        used = {label for labels in chosen.values() for label in labels}
+        attacks = [a for a in attacks if a[0] in used]   # no controls for attacks without a run
+        if isolate and sandbox.sandbox_mode() == "process":   # the forkserver starts now, well before the first job
+            sandbox.worker_context()
+        pool = ThreadPoolExecutor(parallel) if parallel > 1 else None   # threads that wait on worker processes
+        env = SimpleNamespace(folder=folder, ledger=ledger, runs=runs, data=data, cache=cache, device=device,
+                              isolate=isolate, pool=pool, quiet=quiet, resume=resume,
+                              eta=Eta("attack jobs", sum(len(v) for v in chosen.values()),
+                                      _weights(chosen, attacks, estimates)))
         for label, atk, job in attacks:
             rows += attack_runs(env, label, atk, dict(job, threads=threads) if threads else job, controls)
     except BaseException:   # an error or Ctrl-C: no job starts any more, the attack processes running stop at once

@@ -23,8 +23,8 @@ files do not exist there, /tmp and /dev/shm are private tmpfs mounts of a quarte
 the root and /dev are read-only. One job, one sandbox (``Sandbox``): a sandbox is started ahead of its job (its
 server imports the core meanwhile, never a plugin, so a job pays no interpreter start-up), takes exactly one job
 and ends with it; its view folder is its own. The job reaches the harness only through its result: its "go" comes
-on a pipe passed to the server alone (bubblewrap's PID 1 closes it; /proc/1/fd holds only /dev/null and the
-harness's stderr), and the result must carry the job's nonce (tests/test_hostile.py: a job that answers for
+on a pipe passed to the server alone (bubblewrap's PID 1 closes it; /proc/1/fd holds only /dev/null and a private
+file for its stderr, shown when the job fails), and the result must carry the job's nonce (tests/test_hostile.py: a job that answers for
 another, or leaves anything to the next, reaches nothing). Every job runs confined (fdg_audit/audit/confine.py:
 memory as address space, no new process, file sizes), in either mode.
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
@@ -40,6 +40,7 @@ The pieces: what crosses the boundary (``transport``), the bubblewrap command (`
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -83,6 +84,27 @@ _LIVE = set()   # attack processes running now (several when attacks run in para
 _LOCK = threading.Lock()
 
 _STOP = threading.Event()   # set by stop_workers: no worker starts until allow_workers
+
+
+
+@contextlib.contextmanager
+def _ctrl_c_after():
+    """Hold a Ctrl-C (SIGINT in the main thread) until the block ends, then raise it: a worker is started and
+    registered in ``_LIVE`` whole, so the clean-up never removes the view folder of a process it cannot see (a Ctrl-C
+    inside ``Popen`` left bubblewrap starting on a removed folder). Other threads get no KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    old = signal.signal(signal.SIGINT, lambda *a: held.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+    if held and callable(old):
+        old(*held[0])
+    elif held and old == signal.SIG_DFL:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 
@@ -173,9 +195,10 @@ def _write_view(folder: Path, spec: dict, paths: dict, ledger, envs, aux, cache:
 
 
 
-def _no_result(code) -> AttackFailed:
+def _no_result(code, stderr: str = "") -> AttackFailed:
     return AttackFailed(f"the attack process exited with code {code} and no result"
-                        + (" (killed: over attack_memory_gb?)" if code in (-9, 137) else ""))
+                        + (" (killed: over attack_memory_gb?)" if code in (-9, 137) else "")
+                        + (f"; its stderr ended: {stderr}" if stderr else ""))
 
 
 
@@ -194,12 +217,9 @@ def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> 
             if _STOP.is_set():
                 raise AttackFailed("stopped before it started (the harness is stopping)")
             p = worker_context().Process(target=_worker, args=(str(folder), paths, nonce), daemon=True)
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # a Ctrl-C comes after start():
-            try:                                                               # then the worker has a pid to stop
+            with _ctrl_c_after():
                 p.start()
                 _LIVE.add(p)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
         p.join(spec["timeout"])
         if p.exitcode is None:
             raise _timed_out(spec["timeout"])
@@ -226,12 +246,14 @@ class Sandbox:
         if cache is not None:
             (self.folder / "cache").mkdir()   # the mount point of the read-only bind
         r, self.w = os.pipe()
+        self.err = tempfile.TemporaryFile()   # bubblewrap's and the job's stderr: shown only when the job fails
         try:
             self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, r), stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, env=clean_env(), start_new_session=True,
-                                      pass_fds=(r,))
+                                      stdout=subprocess.DEVNULL, stderr=self.err, env=clean_env(),
+                                      start_new_session=True, pass_fds=(r,))
         except BaseException:
             os.close(self.w)
+            self.err.close()
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         finally:
@@ -251,11 +273,14 @@ class Sandbox:
             raise _timed_out(spec["timeout"]) from None
         data = read_result(self.folder)
         if data is None:
-            raise _no_result(code)
+            self.err.seek(0)
+            tail = self.err.read()[-1000:].decode(errors="replace").strip()
+            raise _no_result(code, tail)
         return data
 
     def close(self) -> None:
         _kill(self.p)
+        self.err.close()
         if self.w is not None:
             os.close(self.w)
             self.w = None
@@ -296,13 +321,16 @@ def _take(spec: dict, paths: dict, cache) -> Sandbox:
 
 
 def _run_sandbox(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> bytes:
-    box = _take(spec, paths, cache)
+    box = None
     try:
+        with _ctrl_c_after():   # a Ctrl-C while bubblewrap starts comes once ``box`` can be stopped
+            box = _take(spec, paths, cache)
         return box.run(spec, paths, ledger, envs, aux, nonce)
     finally:
-        with _LOCK:
-            _LIVE.discard(box.p)
-        box.close()
+        if box is not None:
+            with _LOCK:
+                _LIVE.discard(box.p)
+            box.close()
 
 
 
