@@ -567,6 +567,12 @@ def test_plots_pass_the_checklist(tmp_path):
     col = P.colors(res)
     assert col[("d1", "a", "")] == col[("d2", "a", "")] and col[("d1", "c", "")] == col[("d2", "c", "")]
     assert len({col[("d1", m, "")] for m in "abc"}) == 3
+    import colorsys
+    res.runs += [dict(run=f"d1/a_{v}", dataset="d1", method=f"a_{v}", plugin="a", variant="", status="ok")
+                 for v in ("eps8", "eps2")]   # a method's DP settings: shades of its hue, never another method's
+    shades = [P.colors(res)[("d1", m, "")] for m in ("a", "a_eps8", "a_eps2")]
+    assert len(set(shades)) == 3 and P.colors(res)[("d1", "b", "")] == col[("d1", "b", "")]
+    assert max(abs(colorsys.rgb_to_hsv(*c)[0] - colorsys.rgb_to_hsv(*shades[0])[0]) for c in shades) < 0.01
     ls = P.line_styles(res)     # one method on two datasets: one colour, two line styles
     assert ls[("d1", "a", "")] == ls[("d1", "b", "")] != ls[("d2", "a", "")] == ls[("d2", "c", "")]
     rng = np.random.default_rng(0)
@@ -629,3 +635,16 @@ def test_a_legend_entry_is_cut_per_line():
     cut = legend_label(long).split("\n")
     assert [len(x) for x in cut] == [LEGEND_CHARS, len("    12 members")] and cut[0].endswith("…")
     assert legend_label("FedAvg: AUC 0.5") == "FedAvg: AUC 0.5"
+
+
+def test_the_epsilon_of_runs_without_noise_reads_infinite_without_a_warning():
+    """The DP example's table said "inf ± nan" for the sigma = 0 runs, and numpy warned on stderr while the report was
+    written: the std of infinite values is undefined, so it is not computed."""
+    import warnings
+
+    from fdg_audit.report.formatting import fmt
+    from fdg_audit.report.tables import stat
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = stat([float("inf")] * 3)
+    assert fmt(s, 2) == "∞" and s["n"] == 3 and fmt(stat([7.0, 9.0]), 2) == "8.00 ± 1.41"

@@ -129,9 +129,13 @@ def test_ctrl_c_inside_popen_stops_the_sandbox_before_its_folder_goes(copy, monk
     stderr is a private file, not the terminal."""
     import tempfile
 
+    import fdg_audit.audit.checks as checks
     import fdg_audit.audit.sandbox as sandbox
     monkeypatch.setenv("FDG_AUDIT_SANDBOX", "bwrap")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(checks, "_DESCRIBED", {})   # the same three sandboxes whatever ran before in this process:
+    monkeypatch.setattr(sandbox, "_USED", set())    # the describe job's, the first job's and the spare for the next
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)   # as in the CLI (a pytest-xdist worker ignores it)
     started = []
 
     class Popen(subprocess.Popen):
@@ -144,8 +148,11 @@ def test_ctrl_c_inside_popen_stops_the_sandbox_before_its_folder_goes(copy, monk
 
     monkeypatch.setattr(sandbox.subprocess, "Popen", Popen)
     capfd.readouterr()
-    with pytest.raises(KeyboardInterrupt):
-        run_attacks(copy, [{"name": "dataset_size"}], quiet=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_attacks(copy, [{"name": "dataset_size"}], quiet=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
     assert len(started) == 3 and all(p.returncode is not None for p in started), started   # stopped and reaped
     assert not sandbox._LIVE and not sandbox._IDLE and not list(tmp_path.glob("fdg_view_*"))
     assert "bwrap" not in capfd.readouterr().err

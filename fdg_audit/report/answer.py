@@ -16,9 +16,9 @@ import numpy as np
 
 from ..attack import ORACLE
 from . import threat as TH
-from .formatting import legend_label, method_words, slug, words
+from .formatting import colors, legend_label, method_words, slug, words
 from .model import WHOLE, Cell, Model
-from .plots import _fig, _save, _show, colors
+from .plots import _fig, _save, _show
 
 STYLES = ("-", "--", ":", "-.")
 
@@ -68,7 +68,10 @@ def _panel(ax, m: Model, kind: str, col: dict) -> bool:
                 ax.plot(missing, [0.02] * len(missing), "x", color=col[g], ms=9, mew=2,
                         label="not attacked" if "na" not in seen else None)
                 seen.add("na")
-    ax.set_xticks(list(xs.values()), ["whole\ndomain" if n == WHOLE else str(n) for n in xs])
+    split = max([(r.get("data") or {}).get("clients_per_domain") or 1 for r in m.res.runs if r.get("dataset") in dss]
+                or [1])   # the runs' own clients: a domain split among several is not a whole domain
+    whole = f"1/{split} of\na domain" if split > 1 else "whole\ndomain"
+    ax.set_xticks(list(xs.values()), [whole if n == WHOLE else str(n) for n in xs])
     ax.set_xlabel("client size (training images)", fontsize=11)
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{words(kind)}: re-identification", fontsize=13)

@@ -1,6 +1,8 @@
 """Text helpers of the report: numbers, cells with intervals, markdown and fixed-width tables."""
 from __future__ import annotations
 
+import math
+
 import re
 from functools import lru_cache
 
@@ -25,6 +27,8 @@ def digits(row: dict) -> int:
 def fmt(s: dict, d: int = 3) -> str:
     if not s or s["n"] == 0:
         return "—"
+    if s["mean"] == math.inf:   # an epsilon without noise: every run's is infinite, its std undefined
+        return "∞"
     m = f"{s['mean']:.{d}f}"
     return m if s["n"] == 1 else f"{m} ± {s['std']:.{d}f}"
 
@@ -138,3 +142,22 @@ def legend_label(label: str) -> str:
     """A figure's legend or tick label cut to LEGEND_CHARS per line (a folder's labels are data: a 100,000-character
     method label took matplotlib 45 s to draw in full)."""
     return "\n".join(x if len(x) <= LEGEND_CHARS else x[:LEGEND_CHARS - 1] + "…" for x in label.split("\n"))
+
+
+TAB10 = ("1f77b4", "ff7f0e", "2ca02c", "d62728", "9467bd", "8c564b", "e377c2", "7f7f7f", "bcbd22", "17becf")
+
+
+def colors(res) -> dict:
+    """{group: RGB}: one hue per method plugin (matplotlib's tab10, in the order plugins first appear: the reference
+    method blue, the next orange, then green), the same in every figure; its other labels (DP settings) take darker
+    and lighter shades of it."""
+    plugin = {gkey(r): r.get("plugin") or r["method"] for r in res.ok}
+    hues = list(dict.fromkeys(plugin[g] for g in res.groups()))
+    names = {h: list(dict.fromkeys(g[1] + g[2] for g in res.groups() if plugin[g] == h)) for h in hues}
+    out = {}
+    for g in res.groups():
+        hexa, i, k = TAB10[hues.index(plugin[g]) % 10], names[plugin[g]].index(g[1] + g[2]), len(names[plugin[g]])
+        t = (i + 1) // 2 * 0.6 / max(1, (k + 1) // 2)   # 0 for the first label, then further from the hue
+        base = [int(hexa[j:j + 2], 16) / 255 for j in (0, 2, 4)]
+        out[g] = tuple(b * (1 - t) if i % 2 else b + (1 - b) * t for b in base)   # odd: darker, even: lighter
+    return out

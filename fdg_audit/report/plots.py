@@ -20,7 +20,7 @@ from ..store.runfolder import victim_tag
 from ..store.safe import write_in
 from . import tables as T
 from .curves import domain_of
-from .formatting import ARROW, human_bytes, legend_label, slug
+from .formatting import ARROW, colors, human_bytes, legend_label, slug
 
 DPI = 110
 
@@ -38,15 +38,6 @@ def _save(fig, out: Path, name: str) -> str:
         warnings.filterwarnings("ignore", message="constrained_layout not applied")
         fig.savefig(buf, bbox_inches="tight", format="png")
     return write_in(out.parent, out / name, buf.getvalue()).name
-
-
-def colors(res: T.Results) -> dict:
-    """{group: colour}: one fixed colour per method (label and variant, whatever the dataset), the same in every
-    figure of the report, in the order the methods first appear."""
-    import matplotlib
-    methods = list(dict.fromkeys(g[1] + g[2] for g in res.groups()))
-    cmap = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"]
-    return {g: cmap(methods.index(g[1] + g[2]) % cmap.N) for g in res.groups()}
 
 
 def line_styles(res: T.Results) -> dict:

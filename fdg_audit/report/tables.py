@@ -32,11 +32,13 @@ from .formatting import gkey
 
 
 def stat(values) -> dict:
-    """mean, sample std (ddof=1; NaN for one value) and count of the finite values."""
+    """mean, sample std (ddof=1; NaN for one value or an infinite one, e.g. the epsilon of a run without noise) and
+    count of the values that are not NaN."""
     v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=float)
     if not len(v):
         return dict(mean=float("nan"), std=float("nan"), n=0)
-    return dict(mean=float(v.mean()), std=float(v.std(ddof=1)) if len(v) > 1 else float("nan"), n=len(v))
+    finite = len(v) > 1 and np.isfinite(v).all()
+    return dict(mean=float(v.mean()), std=float(v.std(ddof=1)) if finite else float("nan"), n=len(v))
 
 
 # ------------------------------------------------------------------------------------------- loading
