@@ -24,8 +24,8 @@ the root and /dev are read-only. One job, one sandbox (``Sandbox``): a sandbox i
 server imports the core meanwhile, never a plugin, so a job pays no interpreter start-up), takes exactly one job
 and ends with it; its view folder is its own. The job reaches the harness only through its result: its "go" comes
 on a pipe passed to the server alone (bubblewrap's PID 1 closes it; /proc/1/fd holds only /dev/null and a private
-file for its stderr, shown when the job fails), and the result must carry the job's nonce (tests/test_hostile.py: a job that answers for
-another, or leaves anything to the next, reaches nothing). Every job runs confined (fdg_audit/audit/confine.py:
+file for its stderr, shown when the job fails), and the result must carry the job's nonce
+(tests/test_hostile.py: a job that answers for another, or leaves anything to the next, reaches nothing). Every job runs confined (fdg_audit/audit/confine.py:
 memory as address space, no new process, file sizes), in either mode.
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
 that searches the file system on its own (outside the API) could still open files that user can read or write
