@@ -25,8 +25,8 @@ server imports the core meanwhile, never a plugin, so a job pays no interpreter 
 and ends with it; its view folder is its own. The job reaches the harness only through its result: its "go" comes
 on a pipe passed to the server alone (bubblewrap's PID 1 closes it; /proc/1/fd holds only /dev/null and a private
 file for its stderr, shown when the job fails), and the result must carry the job's nonce
-(tests/test_hostile.py: a job that answers for another, or leaves anything to the next, reaches nothing). Every job runs confined (fdg_audit/audit/confine.py:
-memory as address space, no new process, file sizes), in either mode.
+(tests/test_hostile.py: a job that answers for another, or leaves anything to the next, reaches nothing). Every job
+runs confined (fdg_audit/audit/confine.py: memory as address space, no new process, file sizes), in either mode.
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
 that searches the file system on its own (outside the API) could still open files that user can read or write
 (each file it writes at most 2 GB, any number, counted by no memory limit); there the boundary is the API and the process, not an OS

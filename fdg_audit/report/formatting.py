@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-
 import re
 from functools import lru_cache
 
@@ -144,20 +143,19 @@ def legend_label(label: str) -> str:
     return "\n".join(x if len(x) <= LEGEND_CHARS else x[:LEGEND_CHARS - 1] + "…" for x in label.split("\n"))
 
 
-TAB10 = ("1f77b4", "ff7f0e", "2ca02c", "d62728", "9467bd", "8c564b", "e377c2", "7f7f7f", "bcbd22", "17becf")
-
-
 def colors(res) -> dict:
     """{group: RGB}: one hue per method plugin (matplotlib's tab10, in the order plugins first appear: the reference
     method blue, the next orange, then green), the same in every figure; its other labels (DP settings) take darker
     and lighter shades of it."""
+    import matplotlib
+    tab10 = matplotlib.colormaps["tab10"]
     plugin = {gkey(r): r.get("plugin") or r["method"] for r in res.ok}
     hues = list(dict.fromkeys(plugin[g] for g in res.groups()))
     names = {h: list(dict.fromkeys(g[1] + g[2] for g in res.groups() if plugin[g] == h)) for h in hues}
     out = {}
     for g in res.groups():
-        hexa, i, k = TAB10[hues.index(plugin[g]) % 10], names[plugin[g]].index(g[1] + g[2]), len(names[plugin[g]])
+        i, k = names[plugin[g]].index(g[1] + g[2]), len(names[plugin[g]])
         t = (i + 1) // 2 * 0.6 / max(1, (k + 1) // 2)   # 0 for the first label, then further from the hue
-        base = [int(hexa[j:j + 2], 16) / 255 for j in (0, 2, 4)]
+        base = tab10(hues.index(plugin[g]) % tab10.N)[:3]
         out[g] = tuple(b * (1 - t) if i % 2 else b + (1 - b) * t for b in base)   # odd: darker, even: lighter
     return out
