@@ -40,8 +40,8 @@ def _values(row: dict, comp: dict | None) -> list[float]:
         for k, v in d.items():
             try:
                 out.append(float(v))
-            except (TypeError, ValueError):
-                pass
+            except (TypeError, ValueError):   # runs_clear "4/5": the runs above baseline of n
+                out += [float(x) for x in v.split("/")] if k == "runs_clear" and v else []
     return out
 
 

@@ -42,9 +42,10 @@ def written(tmp_path_factory):
     return d / "out"
 
 
-@pytest.mark.parametrize("where", ["example", "written"])
+@pytest.mark.parametrize("where", ["example", "example-report-dp", "written"])
 def test_page_one_is_five_plain_sentences_whose_numbers_are_scorecard_rows(where, request):
-    folder = EXAMPLE if where == "example" else request.getfixturevalue("written")
+    folder = {"example": EXAMPLE, "written": None}.get(where, EXAMPLE.parent / where) or \
+        request.getfixturevalue("written")
     assert plain(folder) == []
     assert untraced(folder) == []
     assert disagreements(folder) == []
@@ -95,6 +96,7 @@ def test_page_one_names_methods_as_their_papers_write_them():
         assert t and t != n and not re.search(rf"(?<![\w/#.-]){n}(?![\w-])", LINK.sub("", said)), (n, said)
     assert any(load("method", n).title in said for n in names)
     assert title("os:system") == "os:system" and title("not_a_method") == "not a method"
+    assert title("fedavg_local_eps8") == f"{load('method', 'fedavg').title} local eps8"   # a DP setting's label
 
 
 @pytest.mark.parametrize("name", ["example-report", "membership-report"])
@@ -107,3 +109,44 @@ def test_the_answer_figures_note_describes_the_panels_it_has(name):
         recon = any(r["harm"] == "reconstruction" for r in csv.DictReader(f))
     md = (folder / "report.md").read_text()
     assert (FIGURE_NOTE in md, ACCURACY_NOTE in md) == (recon, not recon)
+
+
+def _dp_model(bank_leaks: bool, weights_leak: bool):
+    """A hand-made model: FedAvg without DP (its weights give back images), FedAvg and FedDG at a DP budget whose
+    weights are covered (finite ε) and FedDG's amplitude bank outside DP (infinite ε)."""
+    from fdg_audit.report.model import Cell, Model
+    nan = float("nan")
+
+    def cell(method, artifact, eps, value, adversary="server", setting=""):
+        rid = f"r.{method}.reconstruction.{setting or 'all'}.{adversary}".replace("_", "-").replace(" ", "-").lower()
+        return Cell(id=rid, group=("r", method, ""), harm="reconstruction", setting=setting, adversary=adversary,
+                    metric="reid", unit="fraction", value=value, lo=value - 0.1, hi=min(1.0, value + 0.1), n=3,
+                    baseline=0.2, b_lo=nan, b_hi=nan, baseline_kind="free guess", chance=0.01, reading="", control="",
+                    attack="a", artifact=artifact, size=None, channel="", legible=None, comparison=None,
+                    row={"epsilon": str(eps), "runs_clear": ""})
+    cells = [cell("fedavg", "weights", "inf", 0.9),
+             cell("fedavg_eps2", "weights", 1.9, 0.8 if weights_leak else 0.25),
+             cell("feddg_eps2", "weights", 1.9, 0.22),
+             cell("feddg_eps2", "amplitude_bank", "inf", 0.95 if bank_leaks else 0.21, "client",
+                  "amplitude_bank outside DP")]
+    return Model(res=None, cells=cells, comparisons=[], bytes={}, reference="fedavg")
+
+
+def test_page_one_says_what_still_gives_back_images_under_dp():
+    """Where runs use DP, page one names what still gives back images: a channel under DP first, else one outside
+    every DP mechanism (its ε infinite), else it says none does and gives the highest cell; no sentence without DP.
+    The cell without DP (FedAvg's 0.9) is never the one named."""
+    from fdg_audit.report.pageone import under_dp
+    s = under_dp(_dp_model(bank_leaks=True, weights_leak=False))
+    assert s.startswith("Under DP, FedDG eps2's amplitude bank, outside DP, is still re-identified by a client at "
+                        "0.95 [0.85, 1.00] against")
+    assert "(3 runs, leak) [↗](#r.feddg-eps2.reconstruction.amplitude-bank-outside-dp.client)" in s
+    assert s.endswith("while no channel under DP gives back images.")
+    s = under_dp(_dp_model(bank_leaks=True, weights_leak=True))
+    assert s.startswith("Under DP, FedAvg eps2's weights still give back images to the server, re-identified at 0.80")
+    s = under_dp(_dp_model(bank_leaks=False, weights_leak=False))
+    assert s.startswith("Under DP, no channel gives back images at any budget: the most is FedAvg eps2's weights, "
+                        "re-identified by the server at 0.25"), s
+    m = _dp_model(bank_leaks=True, weights_leak=True)
+    m.cells = m.cells[:1]
+    assert under_dp(m) is None

@@ -31,29 +31,36 @@ def line_styles(channels: list, ref: list) -> dict:
     return {c: STYLES[i % len(STYLES)] for i, c in enumerate(order)}
 
 
+def _point(m: Model, kin: list, x: int, ch: str) -> Cell | None:
+    """A method's point of channel ``ch`` at size ``x``, None where it was not attacked: of its cells of that channel
+    (the channel's own cell first, else a cell over every channel that chose it, or one outside DP), against any
+    adversary, a measured one first, then the one that clears its baseline by most, the server's on a tie
+    (``Model.main``'s rule). A cell that is not measurable is neither drawn nor crossed out as not attacked."""
+    cs = [c for c in m.cells if c.group in kin and c.harm == "reconstruction" and (c.size or WHOLE) == x
+          and (c.channel == ch or (not c.channel and c.artifact == ch))]
+    return min(cs, key=lambda c: (not c.measurable, not c.channel, not c.clears, -c.margin, c.adversary != "server"),
+               default=None)
+
+
 def _panel(ax, m: Model, kind: str, col: dict) -> bool:
     dss = [ds for ds in m.families() if m.kind(ds) == kind]
-    settings = sorted({(c.size or WHOLE, c.setting) for c in m.cells if c.group[0] in dss and c.harm ==
-                       "reconstruction" and c.channel == "" and c.adversary == "server"})
-    if not settings:
+    sizes = sorted({c.size or WHOLE for c in m.cells if c.group[0] in dss and c.harm == "reconstruction"})
+    if not sizes:
         return False
-    xs = {s: i for i, s in enumerate(sorted({n for n, _ in settings}))}
+    xs = {n: i for i, n in enumerate(sizes)}
     ref = [g for g in m.groups() if g[1] == m.reference]
     ref_ch = m.channels(ref[0]) if ref else []
-    seen = set()
+    lines = list(dict.fromkeys(g[1:] for g in m.groups() if g[0] in dss))
     style = line_styles([m.channels(g) for g in m.groups() if g[0] in dss], ref_ch)
-    for g in [g for g in m.groups() if g[0] in dss]:
-        if (g[1:]) in seen:
-            continue
-        seen.add(g[1:])
-        kin = [h for h in m.groups() if h[0] in dss and h[1:] == g[1:]]
+    width = min(0.5, 0.1 * len(lines)) / max(1, len(lines) - 1)   # methods side by side at one size
+    band, seen = (0.25 if len(lines) == 1 else width / 2), set()
+    for i, key in enumerate(lines):
+        kin = [h for h in m.groups() if h[0] in dss and h[1:] == key]
+        g, dx = kin[0], (i - (len(lines) - 1) / 2) * width
         for ch in m.channels(g):
-            pts, missing = [], []
-            for n, s in settings:
-                h = next((h for h in kin if any(c.setting == s for c in m.cells if c.group == h)), None)
-                c = m.channel_cell(h, s, ch) if h else None
-                c = c if c and (c.channel or c.measurable) else None   # a chosen channel: measured
-                (pts.append((xs[n], c)) if c else missing.append(xs[n]))
+            at = {n: _point(m, kin, n, ch) for n in sizes}
+            pts = [(xs[n] + dx, c) for n, c in at.items() if c and c.measurable]
+            missing = [xs[n] + dx for n, c in at.items() if c is None]
             if pts:
                 x = [p[0] for p in pts]
                 y = np.array([p[1].value for p in pts])
@@ -62,7 +69,7 @@ def _panel(ax, m: Model, kind: str, col: dict) -> bool:
                 ax.errorbar(x, y, yerr=err, color=col[g], ls=style[ch], marker="o", ms=5, capsize=3, lw=1.8,
                             label=f"{method_words(g)}, {words(ch)}")
                 for xx, c in pts:
-                    ax.fill_between([xx - 0.25, xx + 0.25], c.b_lo if c.b_lo == c.b_lo else c.baseline,
+                    ax.fill_between([xx - band, xx + band], c.b_lo if c.b_lo == c.b_lo else c.baseline,
                                     c.b_hi if c.b_hi == c.b_hi else c.baseline, color="0.6", alpha=0.35, lw=0)
             if missing:
                 ax.plot(missing, [0.02] * len(missing), "x", color=col[g], ms=9, mew=2,
@@ -111,7 +118,7 @@ def answer_figure(m: Model, out: Path) -> str | None:
     for ax, k in zip(axes[:-1], kinds):
         _panel(ax, m, k, col)
     if kinds:
-        axes[0].set_ylabel("re-identified (mean over runs, 95% CI)", fontsize=11)
+        axes[0].set_ylabel("re-identified (95% CI over runs;\none run: over its images)", fontsize=11)
     _accuracy(axes[-1], m, col)
     if not kinds:
         axes[-1].set_title("held-out accuracy (dotted: chance)\nno reconstruction attack ran", fontsize=12)
@@ -119,6 +126,8 @@ def answer_figure(m: Model, out: Path) -> str | None:
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
+    for lab in [x for x in handles if any(y.startswith(x + ", ") for y in handles)]:
+        del handles[lab]   # a method's accuracy point: its colour is already named by its lines
     if handles:
         fig.legend(list(handles.values()), [legend_label(x) for x in handles], fontsize=10, loc="outside lower center",
                    ncol=min(4, len(handles)), frameon=False)

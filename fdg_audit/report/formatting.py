@@ -121,9 +121,13 @@ def words(x: str) -> str:
 @lru_cache(maxsize=None)
 def title(name: str) -> str:
     """A method's name as its paper writes it: the ``title`` of the registered method plugin ``name`` (a name read
-    from a run folder is looked up among the installed plugins only, never imported as a path), else ``words``."""
+    from a run folder is looked up among the installed plugins only, never imported as a path); a label that starts
+    with a plugin's name and "_" (a DP setting's "fedavg_eps8") that title and the rest in words; else ``words``."""
     from ..plugins import available, load
     t = ""
+    head = [p for p in available("method") if name.startswith(p + "_")]
+    if name not in available("method") and head:
+        return " ".join((title(max(head, key=len)) + " " + words(name[len(max(head, key=len)):])).split())
     if name in available("method"):
         try:
             t = getattr(load("method", name), "title", "")

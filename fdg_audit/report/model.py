@@ -165,10 +165,11 @@ class Model:
         return cs[0] if cs else None
 
     def channels(self, g: tuple, harm: str = "reconstruction") -> list[str]:
-        """The channels of a method attacked for a harm at any setting of the family kind (answer figure)."""
+        """The channels of a method measured for a harm at any setting of the family kind, by any adversary (answer
+        figure)."""
         kin = [h for h in self.groups() if self.kind(h[0]) == self.kind(g[0]) and h[1:] == g[1:]]
         return sorted({c.artifact.split("|")[0] for c in self.cells if c.group in kin and c.harm == harm
-                       and c.measurable and c.adversary == "server"})
+                       and c.measurable})
 
     def channel_cell(self, g: tuple, setting: str, channel: str) -> Cell | None:
         """A method's cell of one channel at a setting: its own channel cell, or its cell over every channel when

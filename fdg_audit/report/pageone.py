@@ -8,10 +8,13 @@ scorecard row id:
 2. ``weights_reach``: what the channel every method sends (the reference method's: the weights) gives back, up to
    which client size, and from which size no method's does (``Cell.gives_back``: clears its baseline and, where the
    scorer measures legibility, is legible beyond the free guess).
-3. ``membership``: the strongest membership cell, by TPR at 1% FPR against its chance, AUC beside it, its adversary
+3. ``under_dp``: where runs use DP, what still gives back images at the smallest budget: a channel under DP, else
+   one outside every DP mechanism of the run (its ε is infinite), at the smallest budget where one does, else the
+   highest cell, which then gives back none.
+4. ``membership``: the strongest membership cell, by TPR at 1% FPR against its chance, AUC beside it, its adversary
    and channel named, and the strongest cell on any other channel beside it.
-4. ``accuracy``: a resolved held-out accuracy difference, or what the data rule out (the widest interval).
-5. ``traffic``: bytes sent per run as a percentage of the reference method's.
+5. ``accuracy``: a resolved held-out accuracy difference, or what the data rule out (the widest interval).
+6. ``traffic``: bytes sent per run as a percentage of the reference method's.
 
 No code identifiers (words only: underscores become spaces), no semicolons, effect size and interval first, the
 call word after. ``sentences`` returns them; ``page_one_md`` and ``page_one_text`` place them.
@@ -162,6 +165,45 @@ def _settings(m: Model, g: tuple) -> list[str]:
                    and c.channel == ""}, key=lambda s: int(s.split()[2]))
 
 
+def _by(c: Cell) -> str:
+    return "the server" if c.adversary == "server" else f"a {words(c.adversary)}"
+
+
+def under_dp(m: Model) -> str | None:
+    """Sentence 3 (module doc). A cell's ε is scorecard.csv's: the one that holds for what it attacked, against its
+    adversary (infinite for a channel outside DP); a method setting's budget is the smallest finite ε of its cells,
+    named by its label (page one prints no ε: each number is its linked row's)."""
+    eps = {c.id: num(c.row.get("epsilon")) for c in m.cells}
+    budget = {}
+    for c in m.cells:
+        if eps[c.id] < float("inf"):
+            budget[c.group] = min(budget.get(c.group, float("inf")), eps[c.id])
+    rec = [c for c in m.cells if c.group in budget and c.harm == "reconstruction" and c.measurable]
+    if not rec:
+        return None
+    inside = [c for c in rec if eps[c.id] < float("inf")]
+    back_in = [c for c in inside if c.gives_back]
+    back_out = [c for c in rec if eps[c.id] == float("inf") and c.gives_back]
+    key = lambda c: (budget[c.group], -c.value)  # noqa: E731
+    if back_in:
+        c = min(back_in, key=key)
+        return _fit([f"Under DP, {mw(c.group)}'s {words(c.artifact)} still give back images to "
+                     f"{_by(c)}, re-identified at {iv(c.value, c.lo, c.hi)} against {_kind(c)} {c.baseline:.2f} "
+                     f"on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}"])
+    if back_out:
+        c = min(back_out, key=key)
+        parts = [f"Under DP, {mw(c.group)}'s {words(c.artifact)}, outside "
+                 f"DP, is still re-identified by {_by(c)} at {iv(c.value, c.lo, c.hi)} "
+                 f"against {_kind(c)} {c.baseline:.2f} on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}"]
+        if inside:
+            parts.append(", while no channel under DP gives back images")
+        return _fit(parts)
+    c = max(rec, key=lambda c: c.margin)
+    return _fit([f"Under DP, no channel gives back images at any budget: the most is "
+                 f"{mw(c.group)}'s {words(c.artifact)}, re-identified by {_by(c)} at {iv(c.value, c.lo, c.hi)} against "
+                 f"{_kind(c)} {c.baseline:.2f} ({runs(c)}, {c.state}) {link(c)}"])
+
+
 def membership(m: Model) -> str | None:
     every = [c for c in m.cells if c.harm == "membership" and c.setting == "" and c.measurable]
     cs = [c for c in every if c.state in ("leak", "no leak above baseline")] or every   # a readable cell first
@@ -176,7 +218,7 @@ def membership(m: Model) -> str | None:
                      f"{mw(c.group)} on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}",
                      ", and the pools are too small to read a true-positive rate at 1% false positives"])
     c = max(with_tpr, key=lambda c: (float(tpr(c)), c.adversary == "server"))   # the server's on a tie
-    by = "the server" if c.adversary == "server" else f"a {words(c.adversary)}"
+    by = _by(c)
     what = words(c.artifact) or "messages"
     other = [d for d in with_tpr if d.artifact != c.artifact]
     auc = "" if other else f", AUC {iv(c.value, c.lo, c.hi, d=3)} against {c.baseline:.3f}"   # the row has it
@@ -243,13 +285,14 @@ def traffic(m: Model) -> str | None:
 
 def sentences(m: Model) -> list[str]:
     """Page one's sentences (module doc), at most five."""
-    return [s for s in (bank_vs_weights(m), weights_reach(m), membership(m), accuracy(m), traffic(m)) if s][:5]
+    return [s for s in (bank_vs_weights(m), weights_reach(m), under_dp(m), membership(m), accuracy(m), traffic(m))
+            if s][:5]
 
 
 FIGURE_NOTE = ("How to read it: each line is one method (colour) and one channel (line style), its re-identification "
-               "against the client's size, with 95% intervals over runs, the grey band is chance or the free guess, "
-               "a cross marks a channel not attacked at that size, the right panel is held-out accuracy with its "
-               "chance line.")
+               "against the client's size, methods side by side at each size, with 95% intervals over runs (one run: "
+               "over its images), the grey band is chance or the free guess, a cross marks a channel not attacked at "
+               "that size, the right panel is held-out accuracy with its chance line.")
 ACCURACY_NOTE = ("How to read it: held-out accuracy per family and method, the mean over runs with its 95% interval, "
                  "the dotted line is chance. No reconstruction attack ran, so there is no re-identification panel.")
 
