@@ -121,8 +121,9 @@ def words(x: str) -> str:
 @lru_cache(maxsize=None)
 def title(name: str) -> str:
     """A method's name as its paper writes it: the ``title`` of the registered method plugin ``name`` (a name read
-    from a run folder is looked up among the installed plugins only, never imported as a path); a label that starts
-    with a plugin's name and "_" (a DP setting's "fedavg_eps8") that title and the rest in words; else ``words``."""
+    from a run folder is looked up among the installed plugins only, never imported as a path); a label made of a
+    plugin's name, "_" and more (a DP setting's "fedavg_eps8") reads as that title and the rest in words; else
+    ``words``."""
     from ..plugins import available, load
     t = ""
     head = [p for p in available("method") if name.startswith(p + "_")]

@@ -187,7 +187,8 @@ def under_dp(m: Model) -> str | None:
     key = lambda c: (budget[c.group], -c.value)  # noqa: E731
     if back_in:
         c = min(back_in, key=key)
-        return _fit([f"Under DP, {mw(c.group)}'s {words(c.artifact)} still give back images to "
+        verb = "give" if words(c.artifact).endswith("s") else "gives"   # weights give, a bank gives
+        return _fit([f"Under DP, {mw(c.group)}'s {words(c.artifact)} still {verb} back images to "
                      f"{_by(c)}, re-identified at {iv(c.value, c.lo, c.hi)} against {_kind(c)} {c.baseline:.2f} "
                      f"on {words(c.group[0])} ({runs(c)}, {c.state}) {link(c)}"])
     if back_out:
