@@ -42,10 +42,9 @@ def written(tmp_path_factory):
     return d / "out"
 
 
-@pytest.mark.parametrize("where", ["example", "example-report-dp", "written"])
+@pytest.mark.parametrize("where", ["example-report", "example-report-dp", "written"])
 def test_page_one_is_five_plain_sentences_whose_numbers_are_scorecard_rows(where, request):
-    folder = {"example": EXAMPLE, "written": None}.get(where, EXAMPLE.parent / where) or \
-        request.getfixturevalue("written")
+    folder = request.getfixturevalue("written") if where == "written" else EXAMPLE.parent / where
     assert plain(folder) == []
     assert untraced(folder) == []
     assert disagreements(folder) == []

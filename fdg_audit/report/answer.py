@@ -34,12 +34,11 @@ def line_styles(channels: list, ref: list) -> dict:
 def _point(m: Model, kin: list, x: int, ch: str) -> Cell | None:
     """A method's point of channel ``ch`` at size ``x``, None where it was not attacked: of its cells of that channel
     (the channel's own cell first, else a cell over every channel that chose it, or one outside DP), against any
-    adversary, a measured one first, then the one that clears its baseline by most, the server's on a tie
-    (``Model.main``'s rule). A cell that is not measurable is neither drawn nor crossed out as not attacked."""
+    adversary, a measured one first, then by ``Cell.rank`` (``Model.main``'s rule). A cell that is not measurable is
+    neither drawn nor crossed out as not attacked."""
     cs = [c for c in m.cells if c.group in kin and c.harm == "reconstruction" and (c.size or WHOLE) == x
           and (c.channel == ch or (not c.channel and c.artifact == ch))]
-    return min(cs, key=lambda c: (not c.measurable, not c.channel, not c.clears, -c.margin, c.adversary != "server"),
-               default=None)
+    return min(cs, key=lambda c: (not c.measurable, not c.channel, *c.rank), default=None)
 
 
 def _panel(ax, m: Model, kind: str, col: dict) -> bool:

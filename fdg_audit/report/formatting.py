@@ -125,11 +125,11 @@ def title(name: str) -> str:
     plugin's name, "_" and more (a DP setting's "fedavg_eps8") reads as that title and the rest in words; else
     ``words``."""
     from ..plugins import available, load
-    t = ""
-    head = [p for p in available("method") if name.startswith(p + "_")]
-    if name not in available("method") and head:
-        return " ".join((title(max(head, key=len)) + " " + words(name[len(max(head, key=len)):])).split())
-    if name in available("method"):
+    t, plugins = "", available("method")
+    head = max((p for p in plugins if name.startswith(p + "_")), key=len, default="")
+    if name not in plugins and head:
+        return " ".join((title(head) + " " + words(name[len(head):])).split())
+    if name in plugins:
         try:
             t = getattr(load("method", name), "title", "")
         except Exception:   # a broken install still gets its report, with the registered name

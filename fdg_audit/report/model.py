@@ -120,6 +120,12 @@ class Cell:
         return m if m == m else 0.0
 
     @property
+    def rank(self) -> tuple:
+        """The order in which a method's cells answer for it (``Model.main``, the answer figure): the one that clears
+        its baseline by most first, the server's on a tie."""
+        return (not self.clears, -self.margin, self.adversary != "server")
+
+    @property
     def state(self) -> str:
         if not self.measurable:
             return "not measurable"
@@ -161,8 +167,7 @@ class Model:
     def main(self, g: tuple, harm: str, setting: str = "") -> Cell | None:
         """A method's answer cell of a harm at a setting: over every channel (the cross-fitted choice), of the
         adversaries' cells the one that clears its baseline by most, the server's on a tie."""
-        cs = sorted(self.find(g, harm, setting), key=lambda c: (not c.clears, -c.margin, c.adversary != "server"))
-        return cs[0] if cs else None
+        return min(self.find(g, harm, setting), key=lambda c: c.rank, default=None)
 
     def channels(self, g: tuple, harm: str = "reconstruction") -> list[str]:
         """The channels of a method measured for a harm at any setting of the family kind, by any adversary (answer
