@@ -1,6 +1,7 @@
-"""Wall-time ratios of a scenario's attacks in each worker kind: bubblewrap sandboxes started ahead of their jobs
-(one per job, the next one importing the core while a job runs; the default where bubblewrap works), cold ones (each
-started when its job comes), a forkserver process (the default without bubblewrap), and inside the harness process
+"""Wall-time ratios of a scenario's attacks in each worker kind: bubblewrap sandboxes that serve job after job (a
+fresh child of the sandbox's server per job, the sandbox cleaned in between; the default where bubblewrap works),
+single-use ones (``bwrap-single``: each sandbox ends after its job and the next job starts a new interpreter, as
+before issue 48), a forkserver process (the default without bubblewrap), and inside the harness process
 (``isolate=False``, the unenforced debugging mode).
 
     python bench/attack_isolation.py [--scenario scenarios/feddg_vs_csac.toml] [--rounds 2] [--repeats 2]
@@ -67,11 +68,8 @@ def main() -> None:
         os.environ["FDG_AUDIT_SANDBOX"] = "process"
         run_attacks(root, cfgs[:1], quiet=True, isolate=True)   # starts the forkserver (once per process)
         print(f"first isolated attack incl. forkserver start: {time.perf_counter() - t0:.1f}s", flush=True)
-        modes = ["bwrap", "bwrap-cold"] * bwrap.bwrap_works() + ["process", "in-process"]
-        class Never(set):   # bwrap-cold: no binds count as used, so no sandbox is started ahead
-            def __contains__(self, key):
-                return False
-        warm, cold = sandbox._USED, Never()
+        modes = ["bwrap", "bwrap-single"] * bwrap.bwrap_works() + ["process", "in-process"]
+        reset = sandbox.Sandbox.reset
         times, launches = {m: [] for m in modes}, []
         start = sandbox.run_isolated
 
@@ -82,7 +80,7 @@ def main() -> None:
         for _ in range(a.repeats):
             for m in modes:
                 os.environ["FDG_AUDIT_SANDBOX"] = m.split("-")[0] if m != "in-process" else "process"
-                sandbox._USED = cold if m == "bwrap-cold" else warm
+                sandbox.Sandbox.reset = (lambda self: False) if m == "bwrap-single" else reset   # False: it ends
                 launches.clear()
                 t0 = time.perf_counter()
                 run_attacks(root, cfgs, quiet=True, isolate=m != "in-process")
@@ -94,7 +92,7 @@ def main() -> None:
         print(f"{m} / in-process: {med[m] / med['in-process']:.3f}")
     if "bwrap" in med:
         print(f"bwrap / process: {med['bwrap'] / med['process']:.3f}")
-        print(f"bwrap (started ahead) / bwrap-cold: {med['bwrap'] / med['bwrap-cold']:.3f}")
+        print(f"bwrap (served in turn) / bwrap-single: {med['bwrap'] / med['bwrap-single']:.3f}")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ def preview_of(raw: dict) -> dict:
     attack limited to some seeds keeps the first one if it had it, else the first seed). Named ``<name>_preview``."""
     raw = dict(raw, seeds=list(raw.get("seeds", [0]))[:1], name=f"{raw.get('name', 'scenario')}_preview")
     first = raw["seeds"][0]
+    if raw.get("attack_seeds"):
+        raw["attack_seeds"] = [first]
     if isinstance(raw.get("attacks"), list):
         raw["attacks"] = [dict(a, seeds=[first]) if isinstance(a, dict) and a.get("seeds") else a
                           for a in raw["attacks"]]

@@ -49,6 +49,8 @@ class MethodEntry:
 class Scenario:
     name: str = "scenario"
     seeds: list = field(default_factory=lambda: [0])
+    attack_seeds: list = field(default_factory=list)   # attacks read only runs of these seeds (of those trained; [] =
+                                  # every seed; an attack's own seeds wins): the others train for accuracy only
     seeds_draw_data: bool = True  # each seed draws its own data split (DataConfig.draw); false: one split for all seeds
     device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
     engine: str = "local"         # local | process (worker processes) | ray (Ray actors); same ledger
@@ -199,6 +201,7 @@ def parse(raw: dict) -> Scenario:
         raise UserError(f"seeds = {sc.seeds!r} repeats a seed (one run id per seed): list each seed once")
     if not all(0 <= s < 2 ** 32 for s in sc.seeds):
         raise UserError(f"seeds = {sc.seeds!r}: seeds are integers from 0 to 2**32 - 1")
+    _attack_seeds(sc)
     resolve_device(sc.device)   # an unknown device, or CUDA on a machine without it, before anything is written
     if sc.store not in ("all", "none") and not (isinstance(sc.store, list) and all(isinstance(k, str) for k in sc.store)):
         raise UserError(f"store = {sc.store!r}: use \"all\", \"none\" or a list of artifact kinds, e.g. [\"weights\"]")
@@ -245,6 +248,21 @@ def check_engine(sc: Scenario) -> None:
         raise UserError(f"parallel = {sc.parallel} with engine = {sc.engine!r}: parallel runs use the local engine; "
                         f"set parallel = 1 or engine = \"local\"")
     sc.ray = ray_options(sc.ray)
+
+
+def _attack_seeds(sc: Scenario) -> None:
+    """``attack_seeds``, those of them the scenario trains (``--set seeds=[0]`` keeps seed 0 attacked), made the
+    default of every attack's own ``seeds`` filter; a list none of whose seeds trains is one line."""
+    if not isinstance(sc.attack_seeds, list) or \
+            not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.attack_seeds):
+        raise UserError(f"attack_seeds = {sc.attack_seeds!r}: give a list of seeds, or [] (every seed)")
+    sc.attack_seeds = [s for s in sc.attack_seeds if s in sc.seeds] or sc.attack_seeds
+    if set(sc.attack_seeds) - set(sc.seeds):
+        raise UserError(f"attack_seeds = {sc.attack_seeds!r} names none of this scenario's seeds ({sc.seeds}): list "
+                        f"some of them, or [] (every seed)")
+    for a in sc.attacks:
+        if sc.attack_seeds and "seeds" not in a.params:
+            a.params["seeds"] = list(sc.attack_seeds)
 
 
 def _attack_list(att) -> list:

@@ -180,3 +180,26 @@ def test_fedavg_beats_single_source_on_held_out_domain(run_toml):
     single = [acc(run_toml(base, "data.targets=['rot30']", "train.lr=0.02", f"data.domains=['rot30', '{s}']"))
               for s in ("rot0", "rot15", "rot45", "rot60", "rot75")]
     assert fed > np.mean(single) + 0.1
+
+
+def test_attack_seeds_attack_some_runs_and_train_all(run_toml):
+    """``attack_seeds``: every seed trains (the accuracy comparisons pair them all), the attacks read only the runs
+    of these seeds unless an attack names its own; a list naming no trained seed is one line before any training,
+    ``--set seeds=[..]`` keeps those of them it trains, and the preview keeps its one seed attacked."""
+    from conftest import leakage_rows
+    from fdg_audit.runner import preview_of
+    from fdg_audit.scenario import parse
+    text = tiny_scenario(seeds=[0, 1, 2], attack_seeds=[1],
+                         attacks=[dict(name="dataset_size"), dict(name="label_distribution", seeds=[2])])
+    root = run_toml(text)
+    runs = json.loads((root / "summary.json").read_text())["runs"]
+    assert sorted(int(r["seed"]) for r in runs) == [0, 1, 2]
+    seeds = lambda attack: {r["seed"] for r in leakage_rows(root, attack=attack)}  # noqa: E731
+    assert seeds("dataset_size") == {"1"} and seeds("label_distribution") == {"2"}
+    with pytest.raises(UserError, match=r"attack_seeds = \[3\] names none of this scenario's seeds"):
+        run_toml(tiny_scenario(seeds=[0, 1], attack_seeds=[3]), name="bad")
+    assert not (root.parent.parent / "bad").exists()
+    raw = preview_of(dict(seeds=[4, 5], attack_seeds=[5], attacks=[dict(name="dataset_size")]))
+    assert parse(raw).attacks[0].params["seeds"] == [4] and raw["seeds"] == [4]
+    assert parse(dict(seeds=[0, 2], attack_seeds=[0, 1], attacks=[dict(name="dataset_size")])).attacks[0].params == \
+        {"seeds": [0]}

@@ -303,16 +303,21 @@ def _stash_cleanup() -> None:
 
 @pytest.mark.parametrize("sandbox", ["process", pytest.param("bwrap", marks=needs_bwrap)])
 def test_a_job_leaves_nothing_to_the_next(copy, monkeypatch, sandbox):  # noqa: F811
-    """Round 4: one job per sandbox. The control leaves a file in /tmp, /dev/shm, its view folder, / and /dev (the
-    sandbox's root and /dev tmpfs) and the view's cache/, a process that outlives it, a System V segment and a POSIX
-    queue; the run finds none of them under bubblewrap (on 3cee758 the warm sandbox kept /, /dev and cache/). As
-    plain processes it finds the host's /tmp and /dev/shm (the probe works) and nothing else: no process, segment or
-    queue can be made."""
+    """Round 4, and a sandbox that serves several jobs (issue 48): the control leaves a file in /tmp, /dev/shm, its
+    view folder, / and /dev (the sandbox's root and /dev tmpfs) and the view's cache/, a process that outlives it, a
+    System V segment and a POSIX queue, and in the sandbox a user xattr and another mode on /tmp and an unreadable
+    folder there; the runs, served by the control's sandbox (fewer sandboxes start than jobs run), find none of them,
+    and cannot open their server's /proc/1/fd or memory or ptrace it. As plain processes it finds the host's /tmp and
+    /dev/shm (the probe works) and nothing else: no process, segment or queue can be made."""
+    import fdg_audit.audit.sandbox as sb
     monkeypatch.setenv("FDG_AUDIT_SANDBOX", sandbox)
+    started, new = [], sb.Sandbox.__init__
+    monkeypatch.setattr(sb.Sandbox, "__init__", lambda self, *a: (started.append(1), new(self, *a))[1])
     places = ["/tmp", "/dev/shm", ".", "/", "/dev", "cache"] if sandbox == "bwrap" else ["/tmp", "/dev/shm", ".", "cache"]
     try:
         run_attacks(copy, [{"name": "hostile:Stash", "paths": places}], quiet=True)
         found = _reason(copy, "hostile_stash")
     finally:
         _stash_cleanup()
-    assert found == ([] if sandbox == "bwrap" else ["/tmp", "/dev/shm"]), found
+    assert found == (["server"] if sandbox == "bwrap" else ["/tmp", "/dev/shm"]), found
+    assert len(started) == (1 if sandbox == "bwrap" else 0), started   # the control's sandbox served the run

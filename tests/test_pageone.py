@@ -149,3 +149,31 @@ def test_page_one_says_what_still_gives_back_images_under_dp():
     m = _dp_model(bank_leaks=True, weights_leak=True)
     m.cells = m.cells[:1]
     assert under_dp(m) is None
+
+
+def test_page_one_says_what_the_accuracy_data_rule_out(monkeypatch):
+    """Issue 48: the largest distinguishable accuracy difference leads and the others get the power statement (the
+    widest interval as ±, with its row); with none distinguishable every difference is bounded the same way."""
+    from fdg_audit.report import pageone as P
+    from fdg_audit.report.model import Cell, Comparison, Model
+    monkeypatch.setattr(P.T, "accuracy_table", lambda res: [])   # no NOT CONVERGED group
+    nan = float("nan")
+
+    def pair(ds, method, diff, half, call):
+        cmp = Comparison(id=f"c.{ds}.{method}", dataset=ds, harm="accuracy", adversary="", setting="",
+                         a=(ds, method, ""), b=(ds, "fedavg", ""), channel_a="", channel_b="", metric="acc",
+                         diff=diff, lo=diff - half, hi=diff + half, n=20, p_holm=0.5, call=call)
+        return cmp, Cell(id=f"{ds}.{method}.accuracy", group=(ds, method, ""), harm="accuracy", setting="",
+                         adversary="", metric="acc", unit="fraction", value=0.7, lo=0.6, hi=0.8, n=20, baseline=nan,
+                         b_lo=nan, b_hi=nan, baseline_kind="", chance=nan, reading="", control="", attack="",
+                         artifact="", size=None, channel="", legible=None, comparison=cmp, row={})
+    made = [pair("rotated", "csac", -0.036, 0.017, "distinguishable"), pair("rotated", "feddg", -0.008, 0.019,
+            "not distinguishable"), pair("digits_dg", "feddg", 0.016, 0.023, "inconclusive")]
+    m = Model(res=None, cells=[c for _, c in made], comparisons=[c for c, _ in made], bytes={}, reference="fedavg")
+    assert P.accuracy(m) == (
+        "CSAC minus FedAvg in held-out accuracy on rotated is -0.036 [-0.053, -0.019] (20 runs, distinguishable) "
+        "[↗](#rotated.csac.accuracy), and the others lie within ±0.039 at 95%, the widest FedDG on digits dg at "
+        "+0.016 [-0.007, +0.039] (20 runs, inconclusive) [↗](#digits_dg.feddg.accuracy).")
+    m.comparisons = m.comparisons[1:]
+    assert P.accuracy(m).startswith("No held-out accuracy difference to FedAvg is distinguishable, every one lies "
+                                    "within ±0.039 at 95%, the widest being FedDG on digits dg at +0.016")

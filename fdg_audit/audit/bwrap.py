@@ -111,10 +111,11 @@ def exposable(d: str) -> bool:
 
 
 
-def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None, channel: int) -> list[str]:
-    """The command that runs one attack job (fdg_audit.audit.serve, then .worker) on ``folder`` under bubblewrap (see
-    fdg_audit/audit/sandbox.py) once the harness writes "go <nonce>" to the pipe ``channel`` (``Sandbox``). /tmp
-    and /dev/shm are private tmpfs mounts of at most a quarter of ``memory_gb`` each; the root and /dev read-only."""
+def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None, channel: int, reply: int) -> list[str]:
+    """The command of a sandbox (fdg_audit.audit.serve as its PID 1, a child of it per job running .worker) on
+    ``folder`` under bubblewrap (see fdg_audit/audit/sandbox.py): a job runs when the harness writes "go <nonce>" to
+    the pipe ``channel``, the server answers on ``reply`` (``Sandbox``). /tmp and /dev/shm are private tmpfs mounts
+    of at most a quarter of ``memory_gb`` each; the root and /dev read-only."""
     top = lambda path: path.partition(":")[0].split(".")[0]  # noqa: E731
     tops = ["fdg_audit"] + [top(v) for kind in ("attack", "method") for v in available(kind).values()]
     named = [top(n) for n in (spec["attack"], spec.get("run", {}).get("plugin", "")) if ":" in n]   # named by path
@@ -127,7 +128,7 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None, channe
     for path in (paths["attack"], paths["method"]):   # a plugin named by path: its Python files, nothing else
         ro |= {f for d in _sources(tuple(named), tuple(path)) - src for f in _py_files(d)}
     tmpfs = str(max(1 << 20, int(float(spec["memory_gb"]) * 2 ** 28)))   # bytes: a quarter each
-    argv = [shutil.which("bwrap"), *bwrap_flags(), "--die-with-parent", "--new-session", "--clearenv",
+    argv = [shutil.which("bwrap"), *bwrap_flags(), "--die-with-parent", "--as-pid-1", "--new-session", "--clearenv",
             "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", tmpfs, "--tmpfs", "/dev/shm",
             "--size", tmpfs, "--tmpfs", "/tmp"]   # first: plugin sources under /tmp bind inside
     for d in sorted(ro, key=len):   # parents first: a child bind lands inside its parent's
@@ -144,5 +145,5 @@ def bwrap_argv(folder: Path, spec: dict, paths: dict, cache: Path | None, channe
     argv += ["--remount-ro", "/"]   # after every mount point was made: nothing to write outside the mounts
     root = str(Path(__file__).resolve().parents[2])   # this fdg_audit's folder (also when PYTHONPATH chose it)
     return argv + [sys.executable, "-P", "-c", "import sys; sys.path.insert(0, sys.argv[2]); "
-                   "from fdg_audit.audit.serve import _serve; _serve(sys.argv[1], int(sys.argv[3]))", str(folder),
-                   root, str(channel)]
+                   "from fdg_audit.audit.serve import _serve; _serve(sys.argv[1], int(sys.argv[3]), int(sys.argv[4]))",
+                   str(folder), root, str(channel), str(reply)]

@@ -5,7 +5,8 @@
 - no new process (a seccomp filter: fork, vfork and clone without CLONE_THREAD fail with EPERM; threads may be
   made), so the job's process tree is the job's process and its limit holds over the tree, and nothing outlives the
   job when its process is killed; System V shared memory (shmget) and memfd_create fail too (memory no mapping
-  counts);
+  counts), and so do what could outlive the job in its sandbox or reach the sandbox's server (System V queues and
+  semaphores, kernel keys, ptrace, process_vm_*: fdg_audit/audit/serve.py);
 - each file it writes is at most ``MAX_FILE`` bytes (``RLIMIT_FSIZE``), no core dump, no POSIX message queue.
 
 Under bubblewrap, /tmp and /dev/shm are tmpfs mounts of at most ``attack_memory_gb / 4`` each (fdg_audit/audit/bwrap.py),
@@ -23,20 +24,26 @@ import struct
 MAX_FILE = 2 ** 31   # bytes of one file a job writes (its result.npz is at most transport.MAX_RESULT)
 
 # (audit arch, syscall numbers) of the architectures the filter knows; elsewhere no process limit (docs/threat-models.md)
-_ARCH = {"x86_64": (0xC000003E, dict(clone=56, clone3=435, fork=57, vfork=58, shmget=29, memfd_create=319)),
-         "aarch64": (0xC00000B7, dict(clone=220, clone3=435, shmget=194, memfd_create=279))}
+_ARCH = {"x86_64": (0xC000003E, dict(clone=56, clone3=435, fork=57, vfork=58, shmget=29, memfd_create=319, msgget=68,
+                                     semget=64, add_key=248, request_key=249, keyctl=250, ptrace=101,
+                                     process_vm_readv=310, process_vm_writev=311)),
+         "aarch64": (0xC00000B7, dict(clone=220, clone3=435, shmget=194, memfd_create=279, msgget=186, semget=190,
+                                      add_key=217, request_key=218, keyctl=219, ptrace=117, process_vm_readv=270,
+                                      process_vm_writev=271))}
+DENIED = ("fork", "vfork", "shmget", "memfd_create", "msgget", "semget", "add_key", "request_key", "keyctl", "ptrace",
+          "process_vm_readv", "process_vm_writev")
 _CLONE_THREAD = 0x00010000
 
 
 
 def _program(arch: int, nr: dict) -> bytes:
-    """The classic BPF seccomp program: another architecture or the x32 ABI, fork, vfork, shmget, memfd_create and
-    clone without CLONE_THREAD fail (EPERM); clone3 reports ENOSYS (libc then makes threads with clone)."""
+    """The classic BPF seccomp program: another architecture or the x32 ABI, ``DENIED`` and clone without
+    CLONE_THREAD fail (EPERM); clone3 reports ENOSYS (libc then makes threads with clone)."""
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
     op = lambda code, k, jt=0, jf=0: struct.pack("HBBI", code, jt, jf, k)  # noqa: E731
     prog = [op(ld, 4), op(jeq, arch, 1, 0), op(ret, eperm), op(ld, 0), op(jge, 0x40000000, 0, 1), op(ret, eperm)]
-    for name in ("fork", "vfork", "shmget", "memfd_create"):
+    for name in DENIED:
         if name in nr:
             prog += [op(jeq, nr[name], 0, 1), op(ret, eperm)]
     prog += [op(jeq, nr["clone3"], 0, 1), op(ret, enosys)]

@@ -20,12 +20,12 @@ files of fdg_audit, of the installed plugins (shadow training runs methods) and 
 a folder that holds it or the run folder being attacked (``PROTECT``): a plugin shipped as a namespace package named
 like a folder of the project finds nothing. The run folder, its ``truth/``, other views and the rest of the user's
 files do not exist there, /tmp and /dev/shm are private tmpfs mounts of a quarter of ``attack_memory_gb`` each, and
-the root and /dev are read-only. One job, one sandbox (``Sandbox``): a sandbox is started ahead of its job (its
-server imports the core meanwhile, never a plugin, so a job pays no interpreter start-up), takes exactly one job
-and ends with it; its view folder is its own. The job reaches the harness only through its result: its "go" comes
-on a pipe passed to the server alone (bubblewrap's PID 1 closes it; /proc/1/fd holds only /dev/null and a private
-file for its stderr, shown when the job fails), and the result must carry the job's nonce
-(tests/test_hostile.py: a job that answers for another, or leaves anything to the next, reaches nothing). Every job
+the root and /dev are read-only. A sandbox serves one job at a time (``Sandbox``): its server, PID 1, imports the
+core once, never a plugin, and forks a fresh child per job, so a job pays no interpreter start-up; the job's "go"
+comes on a pipe only the server holds (the server is not dumpable: /proc/1/fd is closed to a job), the result must
+carry the job's nonce (tests/test_hostile.py: a job that answers for another, or leaves anything to the next,
+reaches nothing), and between jobs the server restores /tmp and /dev/shm and the harness empties the view folder
+(fdg_audit/audit/serve.py lists what else keeps jobs apart). Every job
 runs confined (fdg_audit/audit/confine.py: memory as address space, no new process, file sizes), in either mode.
 "process" (or "auto" without bubblewrap) keeps the forkserver worker: an ordinary process of the same user, so code
 that searches the file system on its own (outside the API) could still open files that user can read or write
@@ -50,6 +50,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -62,6 +63,7 @@ from ..store.safe import entries, read_in
 from ..workers import worker_context
 from .bwrap import bwrap_argv, clean_env, sandbox_mode
 from .transport import MAX_KEPT, AttackFailed, decode, encode, read_result
+from .tidy import Tree
 from .worker import LIMITS, _worker
 
 def materialise(folder: Path, ledger: Ledger, envs: list) -> None:
@@ -237,81 +239,116 @@ def _run_once(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> 
 
 
 class Sandbox:
-    """One bubblewrap sandbox for one job (``bwrap_argv``, entry ``serve._serve``): started ahead of its job (it
-    imports the core meanwhile, never a plugin), given its job through a pipe only its server holds ("go <nonce>"),
-    ended with the job. Its view folder is its own and removed with it: nothing a job writes reaches another job."""
+    """One bubblewrap sandbox (``bwrap_argv``, PID 1 ``serve._serve``), serving one job at a time: started when a job
+    needs it (its server imports the core meanwhile, never a plugin), given each job through a pipe only its server
+    holds ("go <nonce>"), answered on another ("done <exit code> <clean>"). Each job is a fresh child of the server;
+    between jobs the server restores /tmp and /dev/shm and the harness empties and resets the view folder
+    (``reset``), so nothing a job writes reaches the next one (fdg_audit/audit/serve.py says how). A sandbox that
+    cannot be shown clean, or whose job failed or ran out of time, is ended."""
 
     def __init__(self, spec: dict, paths: dict, cache: Path | None):
         self.folder = Path(tempfile.mkdtemp(prefix="fdg_view_"))
-        if cache is not None:
+        self.cache = cache is not None
+        if self.cache:
             (self.folder / "cache").mkdir()   # the mount point of the read-only bind
+        self.tree = Tree(str(self.folder))
         r, self.w = os.pipe()
-        self.err = tempfile.TemporaryFile()   # bubblewrap's and the job's stderr: shown only when the job fails
+        self.r, w = os.pipe()
+        self.err = tempfile.TemporaryFile()   # bubblewrap's and the jobs' stderr: shown only when a job fails
+        self.clean = False
         try:
-            self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, r), stdin=subprocess.DEVNULL,
+            self.p = subprocess.Popen(bwrap_argv(self.folder, spec, paths, cache, r, w), stdin=subprocess.DEVNULL,
                                       stdout=subprocess.DEVNULL, stderr=self.err, env=clean_env(),
-                                      start_new_session=True, pass_fds=(r,))
+                                      start_new_session=True, pass_fds=(r, w))
         except BaseException:
-            os.close(self.w)
+            for fd in (self.w, self.r):
+                os.close(fd)
+            self.w = self.r = None
             self.err.close()
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         finally:
             os.close(r)
+            os.close(w)
 
     def run(self, spec: dict, paths: dict, ledger, envs, aux, nonce: str) -> bytes:
         _write_view(self.folder, spec, paths, ledger, envs, aux, None)
+        self.clean, mark = False, self.err.seek(0, os.SEEK_END)
         try:
             os.write(self.w, f"go {nonce}\n".encode())
         except OSError:   # the sandbox is gone
             pass
-        os.close(self.w)
-        self.w = None
-        try:
-            code = self.p.wait(spec["timeout"])
-        except subprocess.TimeoutExpired:
-            raise _timed_out(spec["timeout"]) from None
+        answer, code = self._answer(spec["timeout"]), None
+        if answer is None:   # the server ended without an answer (killed: memory, or it could not start)
+            try:
+                code = self.p.wait(spec["timeout"])
+            except subprocess.TimeoutExpired:
+                raise _timed_out(spec["timeout"]) from None
+        else:
+            code, self.clean = answer
         data = read_result(self.folder)
         if data is None:
-            self.err.seek(0)
+            self.clean = False
+            self.err.seek(mark)
             tail = self.err.read()[-1000:].decode(errors="replace").strip()
             raise _no_result(code, tail)
         return data
 
+    def _answer(self, timeout: float) -> tuple | None:
+        """The server's "done <code> <clean>" for the job just sent: (exit code, clean); None at end of file."""
+        import select
+        end, buf = time.monotonic() + timeout, b""
+        while b"\n" not in buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([self.r], [], [], left)[0]:
+                raise _timed_out(timeout)
+            chunk = os.read(self.r, 64)
+            if not chunk or len(buf) > 64:
+                return None
+            buf += chunk
+        word, code, clean = (buf.split(b"\n")[0].decode("ascii", "replace").split() + ["", "", ""])[:3]
+        if word != "done" or not code.lstrip("-").isdigit():
+            return None
+        return int(code), clean == "1" and code == "0"
+
+    def reset(self) -> bool:
+        """Empty the view folder for the next job (its cache/ mount point stays, empty) and reset its mode, times and
+        user xattrs (``tidy.Tree``); True when it is as new."""
+        return self.tree.restore()
+
     def close(self) -> None:
         _kill(self.p)
         self.err.close()
-        if self.w is not None:
-            os.close(self.w)
-            self.w = None
+        for fd in (self.w, self.r):
+            if fd is not None:
+                os.close(fd)
+        self.w = self.r = None
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
 
-_IDLE: dict = {}   # binds of a sandbox -> sandboxes started ahead for the next job with those binds (one key at a time)
+_IDLE: dict = {}   # binds of a sandbox -> sandboxes waiting for the next job with those binds (one key at a time)
 
-_USED: set = set()   # binds that had a job
+
+
+def _key(spec: dict, cache) -> tuple:
+    """The binds of a job's sandbox: a plugin named by path, the attack's cache, the device and memory limit."""
+    method, attack = spec.get("run", {}).get("plugin", ""), spec["attack"]
+    return (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache),
+            spec["memory_gb"])
 
 
 
 def _take(spec: dict, paths: dict, cache) -> Sandbox:
-    """A pristine sandbox for this job (one started ahead, else a new one), and, from the second job of the same binds
-    on, another started ahead for the next job of those binds (a plugin named by path, an attack's cache, the device
-    and memory limit); sandboxes started for other binds are ended, so that at most one set waits."""
-    method, attack = spec.get("run", {}).get("plugin", ""), spec["attack"]
-    key = (attack if ":" in attack else "", method if ":" in method else "", spec.get("device", "cpu"), str(cache),
-           spec["memory_gb"])
+    """A sandbox for this job: one waiting with the same binds, else a new one; sandboxes waiting with other binds
+    are ended, so that at most one set waits."""
+    key = _key(spec, cache)
     with _LOCK:
         if _STOP.is_set():
             raise AttackFailed("stopped before it started (the harness is stopping)")
         others = [b for k in list(_IDLE) if k != key for b in _IDLE.pop(k)]
         box = _IDLE[key].pop() if _IDLE.get(key) else Sandbox(spec, paths, cache)
         _LIVE.add(box.p)
-        if key in _USED:   # a second job of these binds: more are likely to follow
-            spare = Sandbox(spec, paths, cache)
-            _IDLE.setdefault(key, []).append(spare)
-            _LIVE.add(spare.p)
-        _USED.add(key)
         for b in others:
             _LIVE.discard(b.p)
     for b in others:
@@ -321,16 +358,23 @@ def _take(spec: dict, paths: dict, cache) -> Sandbox:
 
 
 def _run_sandbox(spec: dict, paths: dict, ledger, envs, aux, cache, nonce: str) -> bytes:
-    box = None
+    box, again = None, False
     try:
         with _ctrl_c_after():   # a Ctrl-C while bubblewrap starts comes once ``box`` can be stopped
             box = _take(spec, paths, cache)
-        return box.run(spec, paths, ledger, envs, aux, nonce)
+        data = box.run(spec, paths, ledger, envs, aux, nonce)
+        again = box.clean and box.reset()
+        return data
     finally:
         if box is not None:
             with _LOCK:
-                _LIVE.discard(box.p)
-            box.close()
+                if again and not _STOP.is_set():
+                    _IDLE.setdefault(_key(spec, cache), []).append(box)
+                    box = None
+                else:
+                    _LIVE.discard(box.p)
+            if box is not None:
+                box.close()
 
 
 

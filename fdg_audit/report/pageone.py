@@ -238,32 +238,38 @@ def _tpr(c: Cell) -> str:
 
 
 def accuracy(m: Model) -> str | None:
+    """The largest distinguishable accuracy difference to the reference method on the whole-domain data sets, and
+    what the data rule out for the others (the widest interval, as ±: the power statement)."""
     comps = [c for c in m.comparisons if c.harm == "accuracy" and c.b[1] == m.reference]
     main = [c for c in comps if not m.sized(c.dataset)] or comps
     if not main:
         return None
     firm = [c for c in main if c.call == "distinguishable"]
+    rest = [c for c in main if c.call != "distinguishable"]
+    parts = []
     if firm:
         c = max(firm, key=lambda c: abs(c.diff))
         at = _at(m, c)
-        return _late(m, [f"{mw(c.a)} minus {mw(c.b)} in held-out accuracy on "
-                     f"{words(c.dataset)} is {iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}",
-                     f", and {len(main) - len(firm)} other accuracy differences are not resolved"])
-    c = max(main, key=lambda c: max(abs(c.lo), abs(c.hi)))
-    at = _at(m, c)
-    x = max(abs(c.lo), abs(c.hi))
-    return _late(m, [f"No held-out accuracy difference to {mw(('', m.reference, ''))} is resolved at this budget, "
-                 f"every one lies "
-                 f"within ±{x:.3f} at 95%, the widest being {mw(c.a)} on {words(c.dataset)} at "
-                 f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}"])
+        parts.append(f"{mw(c.a)} minus {mw(c.b)} in held-out accuracy on {words(c.dataset)} is "
+                     f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}")
+    if rest:
+        c = max(rest, key=lambda c: max(abs(c.lo), abs(c.hi)))
+        at = _at(m, c)
+        lead = (", and the others lie" if firm else
+                f"No held-out accuracy difference to {mw(('', m.reference, ''))} is distinguishable, every one lies")
+        parts.append(f"{lead} within ±{max(abs(c.lo), abs(c.hi)):.3f} at 95%, the widest{'' if firm else ' being'} "
+                     f"{mw(c.a)} on {words(c.dataset)} at {iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) "
+                     f"{link(at)}")
+    return _late(m, parts, {c.dataset for c in main})
 
 
-def _late(m: Model, parts: list[str]) -> str:
-    """``_fit(parts)``, with the methods whose accuracy is NOT CONVERGED named first (tables.not_converged)."""
+def _late(m: Model, parts: list[str], shown: set) -> str:
+    """``_fit(parts)``, with the methods whose accuracy is NOT CONVERGED (tables.not_converged) named next to the
+    lead when one is on a data set the sentence ``shown``, else last."""
     late = [r["key"] for r in T.accuracy_table(m.res) if T.not_converged(r)]
     if late:
-        parts.insert(1, ", and " + ", ".join(f"{mw(g)} on {words(g[0])}" for g in late)
-                     + " had NOT CONVERGED")
+        parts.insert(1 if {g[0] for g in late} & shown else len(parts),
+                     ", and " + ", ".join(f"{mw(g)} on {words(g[0])}" for g in late) + " had NOT CONVERGED")
     return _fit(parts)
 
 

@@ -128,13 +128,21 @@ class Keeper(Attack):
 
 
 STASH_KEY = 0x5a17   # the System V shared-memory key Stash leaves behind
+
+
+def in_sandbox() -> bool:
+    """Whether PID 1 is a sandbox's server (or bubblewrap's own init, as before the server became PID 1)."""
+    one = Path("/proc/1/cmdline").read_bytes()
+    return b"fdg_audit.audit.serve" in one or b"bwrap" in one
 PLACES = ("/tmp", "/dev/shm", ".", "/", "/dev", "cache")   # where Stash leaves a file (round 4: /, /dev, cache/)
 
 
 class Stash(Attack):
     """Tries to carry something from one job to the next one of the same attack (a warm sandbox serves both): its
     control() leaves a file in /tmp, /dev/shm, its view folder, /, /dev and the view's cache/, a process that outlives it, a System V shared
-    memory segment and a POSIX message queue; run() reports which of them it finds."""
+    memory segment and a POSIX message queue, and in a sandbox a user xattr and another mode on /tmp and a folder
+    it made unreadable there; run() reports which of them it finds, and in a sandbox whether it could open its
+    server's (PID 1's) file descriptors or memory or ptrace it ("server" first: PID 1 is the sandbox's server)."""
     name = "hostile_stash"
     consumes = ("weights",)
     Params = Params
@@ -159,6 +167,13 @@ class Stash(Attack):
         rt = ctypes.CDLL("librt.so.1", use_errno=True)
         rt.mq_open.restype = ctypes.c_int
         made = rt.mq_open(b"/fdg_stash", os.O_CREAT | os.O_RDWR, 0o600, None)
+        if in_sandbox():   # never on the host's /tmp
+            for try_ in (lambda: os.setxattr("/tmp", "user.fdg_stash", b"left"), lambda: os.chmod("/tmp", 0o1770),
+                         lambda: os.makedirs("/tmp/fdg_stash_dir/deep"), lambda: os.chmod("/tmp/fdg_stash_dir", 0)):
+                try:
+                    try_()
+                except OSError:
+                    pass
         return [Control("left", "mq_open", float(made >= 0), 0.0)]
 
     def run(self, view, aux):
@@ -176,6 +191,24 @@ class Stash(Attack):
         rt.mq_open.restype = ctypes.c_int
         if rt.mq_open(b"/fdg_stash", os.O_RDONLY) >= 0:
             found.append("mqueue")
+        if in_sandbox():
+            found.insert(0, "server")   # (its fd numbers are listed to anyone; what they are, not)
+            if os.listxattr("/tmp"):
+                found.append("xattr")
+            if os.stat("/tmp").st_mode & 0o7777 == 0o1770:
+                found.append("mode")
+            if os.path.lexists("/tmp/fdg_stash_dir"):
+                found.append("folder")
+            for what, f in (("proc1_fd", lambda: [os.readlink(f"/proc/1/fd/{n}") for n in os.listdir("/proc/1/fd")]),
+                            ("proc1_fd", lambda: open("/proc/1/fd/0", "rb").close()),
+                            ("proc1_mem", lambda: open("/proc/1/mem", "rb").close())):
+                try:
+                    f()
+                    found.append(what)
+                except OSError:
+                    pass
+            if ctypes.CDLL(None).ptrace(16, 1, 0, 0) == 0:   # PTRACE_ATTACH
+                found.append("ptrace")
         return [Skipped(view.me, "weights", 1, json.dumps(found))]
 
 
@@ -199,7 +232,7 @@ class Forger(Attack):
         if mode != "describe":
             return
         Path("result.npz").write_bytes(encode({"describe": portrait(self)}))
-        if b"bwrap" not in Path("/proc/1/cmdline").read_bytes():   # not inside a sandbox: the host's init
+        if not in_sandbox():   # not inside a sandbox: the host's init
             return
         for fd in ("/proc/1/fd/1", "/proc/1/fd/0"):
             try:
