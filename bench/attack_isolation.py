@@ -9,8 +9,8 @@ before issue 48), a forkserver process (the default without bubblewrap), and ins
 
 Trains the scenario once, shortened (``--rounds``, only the targets its attacks name, payloads of every round
 kept, no attacks, no report), then runs its [[attacks]] on that folder in each mode in turn, ``--repeats`` times,
-and prints the median wall times, their ratios, and the number of worker processes one pass starts (so the cost
-per worker can be read off). The first isolated pass also starts the forkserver (timed apart).
+and prints the median wall times, their ratios, and the number of jobs and bubblewrap sandboxes one pass starts
+(so the cost per sandbox can be read off). The first isolated pass also starts the forkserver (timed apart).
 """
 import argparse
 import os
@@ -77,15 +77,18 @@ def main() -> None:
             launches.append(1)
             return start(*args, **kw)
         sandbox.run_isolated = A.run_isolated = C.run_isolated = counted
+        boxes, box = [], sandbox.Sandbox.__init__
+        sandbox.Sandbox.__init__ = lambda self, *args: (boxes.append(1), box(self, *args))[1]
         for _ in range(a.repeats):
             for m in modes:
                 os.environ["FDG_AUDIT_SANDBOX"] = m.split("-")[0] if m != "in-process" else "process"
                 sandbox.Sandbox.reset = (lambda self: False) if m == "bwrap-single" else reset   # False: it ends
                 launches.clear()
+                boxes.clear()
                 t0 = time.perf_counter()
                 run_attacks(root, cfgs, quiet=True, isolate=m != "in-process")
                 times[m].append(time.perf_counter() - t0)
-                print(f"{m}: {times[m][-1]:.1f}s ({len(launches)} workers)", flush=True)
+                print(f"{m}: {times[m][-1]:.1f}s ({len(launches)} jobs, {len(boxes)} sandboxes)", flush=True)
     med = {m: statistics.median(t) for m, t in times.items()}
     print("medians of %d: " % a.repeats + ", ".join(f"{m} {v:.2f}s" for m, v in med.items()))
     for m in modes[:-1]:
