@@ -35,6 +35,7 @@ import secrets
 class DatasetEntry(DataConfig):
     label: str = ""
     targets: Any = "all"          # "all" or a list of domain names held out one at a time
+    seeds: list = field(default_factory=list)   # the scenario's seeds this data set trains ([] = every seed)
 
 
 @dataclass
@@ -49,8 +50,7 @@ class MethodEntry:
 class Scenario:
     name: str = "scenario"
     seeds: list = field(default_factory=lambda: [0])
-    attack_seeds: list = field(default_factory=list)   # attacks read only runs of these seeds (of those trained; [] =
-                                  # every seed; an attack's own seeds wins): the others train for accuracy only
+    attack_seeds: list = field(default_factory=list)   # attacks' default seeds ([] = all); others keep no payloads
     seeds_draw_data: bool = True  # each seed draws its own data split (DataConfig.draw); false: one split for all seeds
     device: str = "auto"          # auto (CUDA when present) | cpu | cuda | cuda:N
     engine: str = "local"         # local | process (worker processes) | ray (Ray actors); same ledger
@@ -194,14 +194,7 @@ def parse(raw: dict) -> Scenario:
     check_engine(sc)
     if not (isinstance(sc.see_also, list) and all(isinstance(x, str) for x in sc.see_also)):
         raise UserError(f"see_also = {sc.see_also!r}: give a list of strings, e.g. see_also = [\"scenarios/x.toml\"]")
-    if not isinstance(sc.seeds, list) or not sc.seeds or \
-            not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.seeds):
-        raise UserError(f"seeds = {sc.seeds!r}: give a non-empty list of integers, e.g. seeds = [0, 1, 2]")
-    if len(set(sc.seeds)) != len(sc.seeds):
-        raise UserError(f"seeds = {sc.seeds!r} repeats a seed (one run id per seed): list each seed once")
-    if not all(0 <= s < 2 ** 32 for s in sc.seeds):
-        raise UserError(f"seeds = {sc.seeds!r}: seeds are integers from 0 to 2**32 - 1")
-    _attack_seeds(sc)
+    _seeds(sc)
     resolve_device(sc.device)   # an unknown device, or CUDA on a machine without it, before anything is written
     if sc.store not in ("all", "none") and not (isinstance(sc.store, list) and all(isinstance(k, str) for k in sc.store)):
         raise UserError(f"store = {sc.store!r}: use \"all\", \"none\" or a list of artifact kinds, e.g. [\"weights\"]")
@@ -250,19 +243,32 @@ def check_engine(sc: Scenario) -> None:
     sc.ray = ray_options(sc.ray)
 
 
-def _attack_seeds(sc: Scenario) -> None:
-    """``attack_seeds``, those of them the scenario trains (``--set seeds=[0]`` keeps seed 0 attacked), made the
-    default of every attack's own ``seeds`` filter; a list none of whose seeds trains is one line."""
-    if not isinstance(sc.attack_seeds, list) or \
-            not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.attack_seeds):
-        raise UserError(f"attack_seeds = {sc.attack_seeds!r}: give a list of seeds, or [] (every seed)")
-    sc.attack_seeds = [s for s in sc.attack_seeds if s in sc.seeds] or sc.attack_seeds
-    if set(sc.attack_seeds) - set(sc.seeds):
-        raise UserError(f"attack_seeds = {sc.attack_seeds!r} names none of this scenario's seeds ({sc.seeds}): list "
-                        f"some of them, or [] (every seed)")
+def _seeds(sc: Scenario) -> None:
+    """``seeds``; ``attack_seeds`` (the default of every attack's own ``seeds`` filter) and each data set's ``seeds``,
+    those of them the scenario trains (``--set seeds=[0]`` keeps seed 0 attacked)."""
+    if not isinstance(sc.seeds, list) or not sc.seeds or \
+            not all(isinstance(s, int) and not isinstance(s, bool) for s in sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r}: give a non-empty list of integers, e.g. seeds = [0, 1, 2]")
+    if len(set(sc.seeds)) != len(sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r} repeats a seed (one run id per seed): list each seed once")
+    if not all(0 <= s < 2 ** 32 for s in sc.seeds):
+        raise UserError(f"seeds = {sc.seeds!r}: seeds are integers from 0 to 2**32 - 1")
+    sc.attack_seeds = _some_seeds(sc, "attack_seeds", sc.attack_seeds)
     for a in sc.attacks:
         if sc.attack_seeds and "seeds" not in a.params:
             a.params["seeds"] = list(sc.attack_seeds)
+    for i, d in enumerate(sc.datasets):
+        d.seeds = _some_seeds(sc, f"{'data' if len(sc.datasets) == 1 else f'datasets[{i}]'}.seeds", d.seeds)
+
+
+def _some_seeds(sc: Scenario, key: str, v) -> list:
+    """The seeds of list ``v`` that the scenario trains ([]: every seed); a list naming none of them is one line."""
+    if not isinstance(v, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in v):
+        raise UserError(f"{key} = {v!r}: give a list of the scenario's seeds, or [] (every seed)")
+    if v and not set(v) & set(sc.seeds):
+        raise UserError(f"{key} = {v!r} names none of this scenario's seeds ({sc.seeds}): list some of them, or [] "
+                        f"(every seed)")
+    return [s for s in sc.seeds if s in v]
 
 
 def _attack_list(att) -> list:
@@ -354,7 +360,7 @@ def plan(raw: dict) -> list[dict]:
             for t in targets:
                 data.domain(t)
             drawn = {}   # the run seed's own draw of the data (same for every method: comparisons stay paired)
-            for seed in (sc.seeds if sc.seeds_draw_data else ()):
+            for seed in ((ds.seeds or sc.seeds) if sc.seeds_draw_data else ()):
                 d = dataclasses.replace(ds, draw=seed)
                 drawn[seed] = d, load_data(d)
             for m in sc.methods:
@@ -365,7 +371,7 @@ def plan(raw: dict) -> list[dict]:
                                          if m.privacy else "privacy")
                 check_run(privacy, sc.model, data, method, params, sc.engine)
                 for t in targets:
-                    for seed in sc.seeds:
+                    for seed in ds.seeds or sc.seeds:
                         ds_s, data_s = drawn[seed] if sc.seeds_draw_data else (ds, data)
                         runs.append(dict(sc=sc, data=data_s, ds=ds_s, method=m, params=params, target=t, seed=seed,
                                          variant=tag, sweep=assign, privacy=privacy, dataset_index=di,

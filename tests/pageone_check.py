@@ -16,9 +16,11 @@ LINK = re.compile(r"\[↗\]\(#([-\w.]+)\)")
 NUMBER = re.compile(r"(?<![\w.])([+\-−±]?)(\d+(?:\.\d+)?)(%| [kMG]?B\b)?")
 RUNS = re.compile(r"\((\d+) runs?\b")
 # what page one may say that is not a measured number: the 95% of an interval, the false-positive rates at which
-# membership is read and their chance, client sizes ("clients of 4 images", "at 4, 16 and 64 images")
+# membership is read and their chance, client sizes ("clients of 4 images", "at 4, 16 and 64 images"), the paired
+# runs a test needs
 FIXED = re.compile(r"at 95%|\d+(?:\.\d+)?% false positives|chance: \d+(?:\.\d+)?%|clients of \d+ images?|"
-                   r"from \d+ images|at (?:\d+, )*\d+(?: and \d+)? images|Holm correction over \d+ comparisons")
+                   r"from \d+ images|at (?:\d+, )*\d+(?: and \d+)? images|Holm correction over \d+ comparisons|"
+                   r"needs 3 paired runs")
 HOLM_N = re.compile(r"Holm correction over (\d+) comparisons")
 
 

@@ -189,13 +189,23 @@ def test_attack_seeds_attack_some_runs_and_train_all(run_toml):
     from conftest import leakage_rows
     from fdg_audit.runner import preview_of
     from fdg_audit.scenario import parse
-    text = tiny_scenario(seeds=[0, 1, 2], attack_seeds=[1],
+    text = tiny_scenario(seeds=[0, 1, 2, 3], attack_seeds=[1], data=dict(seeds=[1, 2, 3, 7]),
                          attacks=[dict(name="dataset_size"), dict(name="label_distribution", seeds=[2])])
     root = run_toml(text)
     runs = json.loads((root / "summary.json").read_text())["runs"]
-    assert sorted(int(r["seed"]) for r in runs) == [0, 1, 2]
+    assert sorted(int(r["seed"]) for r in runs) == [1, 2, 3]   # the data set's seeds of those the scenario trains
     seeds = lambda attack: {r["seed"] for r in leakage_rows(root, attack=attack)}  # noqa: E731
     assert seeds("dataset_size") == {"1"} and seeds("label_distribution") == {"2"}
+    # payloads are kept for the seeds an attack reads; seed 3 trains for accuracy only: its envelopes are recorded,
+    # its payloads not (one it shares byte for byte with an attacked run, e.g. a data size, is in the store anyway)
+    envs = [json.loads(line) for line in (root / "messages.jsonl").read_text().splitlines()]
+    seed_of = lambda e: int(e["run"].rsplit("/s", 1)[1])  # noqa: E731
+    kept = {e["sha256"] for e in envs if seed_of(e) != 3}
+    assert all(e["stored"] for e in envs if seed_of(e) != 3)
+    own = [e for e in envs if seed_of(e) == 3 and e["sha256"] not in kept]
+    assert own and not any(e["stored"] for e in own)
+    with pytest.raises(UserError, match=r"datasets\[1\].seeds = \[5\] names none of this scenario's seeds"):
+        parse(dict(seeds=[0, 1], datasets=[dict(label="a"), dict(label="b", seeds=[5])]))
     with pytest.raises(UserError, match=r"attack_seeds = \[3\] names none of this scenario's seeds"):
         run_toml(tiny_scenario(seeds=[0, 1], attack_seeds=[3]), name="bad")
     assert not (root.parent.parent / "bad").exists()

@@ -177,3 +177,11 @@ def test_page_one_says_what_the_accuracy_data_rule_out(monkeypatch):
     m.comparisons = m.comparisons[1:]
     assert P.accuracy(m).startswith("No held-out accuracy difference to FedAvg is distinguishable, every one lies "
                                     "within ±0.039 at 95%, the widest being FedDG on digits dg at +0.016")
+    # one run per method (a preview): no interval, no "±nan"; the sentence says the comparison is not testable
+    from dataclasses import replace
+    one = [replace(c, lo=nan, hi=nan, n=1, call="not testable") for c, _ in made]
+    m.cells, m.comparisons = [replace(cell, n=1, comparison=c) for c, (_, cell) in zip(one, made)], one
+    text = P.accuracy(m)
+    assert "nan" not in text and text.startswith(
+        "No held-out accuracy difference to FedAvg is testable (a test needs 3 paired runs), the largest being "
+        "CSAC on rotated at -0.036 (1 run, not testable) [↗](#rotated.csac.accuracy)"), text

@@ -245,21 +245,27 @@ def accuracy(m: Model) -> str | None:
     if not main:
         return None
     firm = [c for c in main if c.call == "distinguishable"]
-    rest = [c for c in main if c.call != "distinguishable"]
+    rest = [c for c in main if c.call not in ("distinguishable", "not testable") and c.lo == c.lo]
     parts = []
     if firm:
         c = max(firm, key=lambda c: abs(c.diff))
         at = _at(m, c)
         parts.append(f"{mw(c.a)} minus {mw(c.b)} in held-out accuracy on {words(c.dataset)} is "
-                     f"{iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) {link(at)}")
+                     f"{iv(c.diff, c.lo, c.hi, 3, True)} ({runs(at)}, {c.call}) {link(at)}")
     if rest:
         c = max(rest, key=lambda c: max(abs(c.lo), abs(c.hi)))
         at = _at(m, c)
         lead = (", and the others lie" if firm else
                 f"No held-out accuracy difference to {mw(('', m.reference, ''))} is distinguishable, every one lies")
         parts.append(f"{lead} within ±{max(abs(c.lo), abs(c.hi)):.3f} at 95%, the widest{'' if firm else ' being'} "
-                     f"{mw(c.a)} on {words(c.dataset)} at {iv(c.diff, c.lo, c.hi, 3, True)} ({at.n} runs, {c.call}) "
+                     f"{mw(c.a)} on {words(c.dataset)} at {iv(c.diff, c.lo, c.hi, 3, True)} ({runs(at)}, {c.call}) "
                      f"{link(at)}")
+    if not parts:   # fewer than 3 paired runs (a preview): not testable
+        c = max(main, key=lambda c: abs(c.diff))
+        at = _at(m, c)
+        parts.append(f"No held-out accuracy difference to {mw(('', m.reference, ''))} is testable (a test needs 3 "
+                     f"paired runs), the largest being {mw(c.a)} on {words(c.dataset)} at "
+                     f"{iv(c.diff, c.lo, c.hi, 3, True)} ({runs(at)}, {c.call}) {link(at)}")
     return _late(m, parts, {c.dataset for c in main})
 
 

@@ -276,7 +276,8 @@ class Ledger:
         p = self.payload_path(env.sha256)
         if not env.stored:
             raise UserError(f"payload of {env.kind} (round {env.round}, {env.sender}->{env.receiver}) was not "
-                            f"stored: rerun with store = \"all\" (or a list with {env.kind!r}) and store_rounds = []")
+                            f"stored: rerun with store = \"all\" (or a list with {env.kind!r}), store_rounds = [] and "
+                            f"attack_seeds = [] (or a list with the run's seed)")
         if not os.path.lexists(p):
             raise UserError(f"{self.root.name}: the payload of {env.kind} (run {env.run}, round {env.round}, seq "
                             f"{env.seq}, {env.sender}->{env.receiver}) is missing from payloads/: the run folder is "

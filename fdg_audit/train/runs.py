@@ -91,6 +91,15 @@ def _as_recorded(obj, recorded: dict) -> dict:
     return out
 
 
+def run_store(r: dict):
+    """The run's payload policy: the scenario's ``store``, except "none" for a seed that no attack of the scenario
+    reads when ``attack_seeds`` is set (not in it nor in an attack's own ``seeds``): such a run trains for the
+    accuracy comparisons only; its envelopes (sizes, hashes) are recorded as every run's."""
+    sc = r["sc"]
+    read = set(sc.attack_seeds).union(*(a.params.get("seeds") or () for a in sc.attacks))
+    return "none" if sc.attack_seeds and r["seed"] not in read else sc.store
+
+
 def run_config_hash(r: dict, recorded: dict | None = None) -> str:
     """sha256 of everything that decides one run's records: ``--resume`` skips a finished run only if it matches.
     With ``recorded`` (the finished run's summary entry), fields it lacks that r leaves at their default are left out
@@ -100,8 +109,9 @@ def run_config_hash(r: dict, recorded: dict | None = None) -> str:
     # the summary's data entry lacks label and targets, and a secret split seed: the hash always had them
     data = asdict(r["ds"]) if recorded is None else \
         _as_recorded(r["ds"], {**(recorded.get("data") or {}), "label": 0, "targets": 0, "split_seed": 0})
+    data.pop("seeds", None)   # which seeds a data set trains is not part of any one run
     cfg = dict(run=r["run_id"], method=r["method"].name, params=dc(r["params"], "params"), data=data,
-               model=dc(sc.model, "model"), target=r["target"], seed=r["seed"], store=sc.store,
+               model=dc(sc.model, "model"), target=r["target"], seed=r["seed"], store=run_store(r),
                store_rounds=sc.store_rounds, privacy=(dc(r["privacy"], "privacy")) if r["privacy"] else {})
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -236,7 +246,7 @@ def _parallel(todo: list, runs: list, root: Path, quiet: bool):
     pool = ProcessPoolExecutor(sc0.parallel, mp_context=worker_context())
     _POOL.append(pool)
     light = lambda r: {k: v for k, v in r.items() if k != "data"}  # noqa: E731  (workers load their own data)
-    futs = [(i, r, pool.submit(_worker_run, i, light(r), len(runs), str(root), sc0.store, sc0.store_rounds))
+    futs = [(i, r, pool.submit(_worker_run, i, light(r), len(runs), str(root), run_store(r), sc0.store_rounds))
             for i, r in todo]
     for i, r, fut in futs:
         def finish(ledger: Ledger, rows_by: dict, i=i, r=r, fut=fut) -> dict:
@@ -297,10 +307,12 @@ def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, q
     sc, threads = r["sc"], torch.get_num_threads()
     if sc.threads:   # the scenario's thread count for this run only; the caller's is restored below
         torch.set_num_threads(sc.threads)
+    store, ledger.store = ledger.store, run_store(r)
     try:
         return _train(i, r, runs, ledger, sink, rows_by, quiet)
     finally:
         torch.set_num_threads(threads)
+        ledger.store = store
 
 
 def _train(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, quiet: bool) -> dict:
