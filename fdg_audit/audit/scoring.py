@@ -239,7 +239,8 @@ BASELINE_KIND = ("reid, legible: the strongest free guess (free_guess), scored l
 def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: Aux) -> tuple[list[dict], tuple]:
     """One scorer for every reconstruction, whatever the channel: each image is aligned to its true image (shift
     and point inversion: the ambiguities of Fourier magnitudes, applied to every channel alike); with ``rows`` None
-    the images are first matched one to one to the victim's training images (Hungarian, on aligned MSE).
+    the images are first matched one to one to the victim's training images (Hungarian, on re-identification's
+    distance).
 
     Headline ``reid`` (linkable): the reconstruction picks its true image out of the true image and
     ``N_DISTRACTORS`` images of the same domain that the victim did not hold, those of its class first (the run's
@@ -248,8 +249,9 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
     image is at least ``LEGIBLE_CORR`` (image.legible: textured noise won by a hair is not legible).
     Their baseline is the strongest guess an attacker has for free (``free_guesses``), scored exactly like the
     attack (the same matching, distractors and rule), never below ``chance``: 1/(1 + D) where the rows are known
-    or one output meets one image, else (k outputs matched among N images, N = 1 included) the hit rate of k free
-    guesses sent through the same matching and re-identification (``matched_chance``). Row ``reid_free`` is that
+    or one output meets one image, else (k outputs matched among N images, N = 1 included) the hit rate of k guesses
+    that know nothing of the victim (unheld images of its domains, or noise: the higher) sent through the same
+    matching and re-identification (``matched_chance``). Row ``reid_free`` is that
     free guess's re-identification against chance: for the bank, the true amplitude alone links an image (a
     fingerprint) when it is above chance, apart from what phase retrieval adds. Beside them: aligned PSNR
     (``psnr``), plain PSNR (``psnr_plain``), aligned SSIM, success at 20 and 25 dB, whose baseline per image is the
@@ -296,8 +298,8 @@ def score_reconstruction(out: Reconstruction, truth: Truth, members: dict, aux: 
 
 
 def _reid(truth: Truth, r: torch.Tensor, victim: tuple, held: np.ndarray, match: bool) -> tuple:
-    """Images ``r`` scored as an attack's: matched one to one to the victim's images (Hungarian on aligned MSE; the
-    surplus of the larger set left out) when ``match``, else row by row; aligned to their true images;
+    """Images ``r`` scored as an attack's: matched one to one to the victim's images (Hungarian on standardised
+    aligned MSE; the surplus of the larger set left out) when ``match``, else row by row; aligned to their true images;
     re-identified among their distractors and judged legible. (ri, ci, aligned images, hits, legible, D, same-class
     count), hits and legible as numpy 0/1 per matched image."""
     idx, x, y, doms = victim
