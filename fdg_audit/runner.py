@@ -34,14 +34,14 @@ __all__ = ["plan", "preview_of", "run_attacks_cli", "run_scenario"]
 
 def preview_of(raw: dict) -> dict:
     """The scenario cut to a first answer: its first seed only (every data set, method and attack as they are; an
-    attack limited to some seeds keeps the first one if it had it, else the first seed). Named ``<name>_preview``."""
+    attack or data set limited to some seeds gets the first seed). Named ``<name>_preview``."""
     raw = dict(raw, seeds=list(raw.get("seeds", [0]))[:1], name=f"{raw.get('name', 'scenario')}_preview")
     first = raw["seeds"][0]
     if raw.get("attack_seeds"):
         raw["attack_seeds"] = [first]
-    if isinstance(raw.get("attacks"), list):
-        raw["attacks"] = [dict(a, seeds=[first]) if isinstance(a, dict) and a.get("seeds") else a
-                          for a in raw["attacks"]]
+    for key in ("attacks", "datasets"):   # a data set limited to some seeds trains the first seed too
+        if isinstance(raw.get(key), list):
+            raw[key] = [dict(a, seeds=[first]) if isinstance(a, dict) and a.get("seeds") else a for a in raw[key]]
     return raw
 
 

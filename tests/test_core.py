@@ -209,7 +209,9 @@ def test_attack_seeds_attack_some_runs_and_train_all(run_toml):
     with pytest.raises(UserError, match=r"attack_seeds = \[3\] names none of this scenario's seeds"):
         run_toml(tiny_scenario(seeds=[0, 1], attack_seeds=[3]), name="bad")
     assert not (root.parent.parent / "bad").exists()
-    raw = preview_of(dict(seeds=[4, 5], attack_seeds=[5], attacks=[dict(name="dataset_size")]))
+    raw = preview_of(dict(seeds=[4, 5], attack_seeds=[5], attacks=[dict(name="dataset_size")],
+                          datasets=[dict(label="a", seeds=[5]), dict(label="b")]))
     assert parse(raw).attacks[0].params["seeds"] == [4] and raw["seeds"] == [4]
+    assert [d.seeds for d in parse(raw).datasets] == [[4], []]   # the preview's one seed trains every data set
     assert parse(dict(seeds=[0, 2], attack_seeds=[0, 1], attacks=[dict(name="dataset_size")])).attacks[0].params == \
         {"seeds": [0]}

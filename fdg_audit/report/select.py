@@ -185,7 +185,8 @@ def _select(per_run: dict, const: dict) -> dict:
     """The cross-fitted choice of one cell (``stats.crossfit``): per run, its items as scored (each half by the
     candidate chosen on the other), the chosen candidates' own baselines on the same items (a constant where a
     candidate has no per-item baseline), the candidate chosen on half A (``chosen``: what the row names) and
-    ``parts`` [(candidate, half)]."""
+    ``parts`` [(candidate, half)]. The choice is on the excess over each candidate's baseline when all have one
+    per item (``_excess``), else on the values."""
     cands = {}
     for run, cs in per_run.items():
         seen = Counter()
@@ -196,8 +197,9 @@ def _select(per_run: dict, const: dict) -> dict:
             seen[k] += 1
     metric = next(c["metric"] for cs in cands.values() for c in cs.values())
     salts = {run: seeding.seed32(run, seeding.SCORE) for run in cands}
-    choice, how = S.crossfit({run: {k: c["items"] for k, c in cs.items()} for run, cs in cands.items()},
-                             info(metric).higher, salts)
+    excess = all(_excess(c) is not c["items"] for cs in cands.values() for c in cs.values())
+    choice, how = S.crossfit({run: {k: _excess(c) if excess else c["items"] for k, c in cs.items()}
+                              for run, cs in cands.items()}, info(metric).higher, salts)
     out = {}
     for run, ks in choice.items():
         parts = [(cands[run][k], h) for k, h in ks]
@@ -210,6 +212,18 @@ def _select(per_run: dict, const: dict) -> dict:
         out[run] = dict(items=items, base=base, chosen=parts[0][0], parts=parts, salt=salts[run], selection=how,
                         ok=all(c["ok"] for c, _ in parts))
     return out
+
+
+def _excess(c: dict):
+    """A candidate's per-item excess over its own per-item baseline (``items`` − ``base``, the same items), what the
+    choice compares when every candidate has one: channels whose chances differ (a bank's 1/100, the matched chance
+    of 4 dummies among 240 images) are compared by what they add to a free guess, not by their raw rates. Else its
+    items as they are."""
+    x, b = c["items"], c["base"]
+    if not (isinstance(b, S.Items) and x.kind == b.kind == "mean" and len(x) == len(b) and x.ids is not None
+            and b.ids is not None and np.array_equal(x.ids, b.ids)):
+        return x
+    return S.Items("mean", np.asarray(x.x, float) - np.asarray(b.x, float), ids=x.ids)
 
 
 def channel_setting(setting: str, artifact: str) -> str:
