@@ -185,3 +185,28 @@ def test_page_one_says_what_the_accuracy_data_rule_out(monkeypatch):
     assert "nan" not in text and text.startswith(
         "No held-out accuracy difference to FedAvg is testable (a test needs 3 paired runs), the largest being "
         "CSAC on rotated at -0.036 (1 run, not testable) [↗](#rotated.csac.accuracy)"), text
+
+
+def test_bank_against_weights_at_one_run_says_untested_not_a_holm_family_of_none():
+    """A preview (1 run): the bank-minus-weights difference has an interval over images but no test; page one says
+    so instead of "no size's difference survives the Holm correction over 0 comparisons"; at 5 runs, an interval
+    clear of zero that Holm does not keep is said as such."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from fdg_audit.report import pageone as P
+    from fdg_audit.report.model import Cell, Comparison, Model
+    nan, g = float("nan"), ("rotated_small", "feddg", "")
+    cmp = Comparison(id="c.bank", dataset=g[0], harm="reconstruction", adversary="server", setting="", a=g, b=g,
+                     channel_a="amplitude_bank", channel_b="weights", metric="reid", diff=0.53, lo=0.03, hi=0.88, n=1,
+                     p_holm=nan, call="not testable")
+    cell = Cell(id="rs.feddg.16", group=g, harm="reconstruction", setting="clients of 16 images", adversary="server",
+                metric="reid", unit="fraction", value=0.9, lo=0.8, hi=1.0, n=1, baseline=0.2, b_lo=nan, b_hi=nan,
+                baseline_kind="", chance=0.01, reading="", control="", attack="", artifact="amplitude_bank", size=16,
+                channel="amplitude_bank", legible=None, comparison=cmp, row={})
+    m = Model(res=SimpleNamespace(groups=lambda: [g]), cells=[cell], comparisons=[cmp], bytes={}, reference="fedavg")
+    text = P.bank_vs_weights(m)
+    assert "untested: a test needs 3 paired runs" in text and "Holm" not in text, text
+    five = replace(cmp, n=5, p_holm=0.3, call="inconclusive")
+    m.cells, m.comparisons = [replace(cell, n=5, comparison=five)], [five]
+    assert "no size's difference survives the Holm correction over 1 comparisons" in P.bank_vs_weights(m)

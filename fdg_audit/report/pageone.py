@@ -100,7 +100,9 @@ def bank_vs_weights(m: Model) -> str | None:
         parts.append(f", so it gives back more at {sizes(more)}")
     if less:
         parts.append(f", less at {sizes(less)}")
-    if not more and not less and (head.lo > 0 or head.hi < 0):
+    if not more and not less and head.call == "not testable":
+        parts.append(", untested: a test needs 3 paired runs")
+    elif not more and not less and (head.lo > 0 or head.hi < 0):
         n = sum(c.call not in ("not resolvable", "not testable") for c in m.comparisons)
         parts.append(f", an interval clear of zero, but no size's difference survives the Holm correction over "
                      f"{n} comparisons")
