@@ -197,9 +197,10 @@ def _select(per_run: dict, const: dict) -> dict:
             seen[k] += 1
     metric = next(c["metric"] for cs in cands.values() for c in cs.values())
     salts = {run: seeding.seed32(run, seeding.SCORE) for run in cands}
-    excess = all(_excess(c) is not c["items"] for cs in cands.values() for c in cs.values())
-    choice, how = S.crossfit({run: {k: _excess(c) if excess else c["items"] for k, c in cs.items()}
-                              for run, cs in cands.items()}, info(metric).higher, salts)
+    ex = {run: {k: _excess(c) for k, c in cs.items()} for run, cs in cands.items()}
+    every = all(ex[run][k] is not c["items"] for run, cs in cands.items() for k, c in cs.items())
+    raw = {run: {k: c["items"] for k, c in cs.items()} for run, cs in cands.items()}
+    choice, how = S.crossfit(ex if every else raw, info(metric).higher, salts)
     out = {}
     for run, ks in choice.items():
         parts = [(cands[run][k], h) for k, h in ks]

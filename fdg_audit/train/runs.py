@@ -246,7 +246,7 @@ def _parallel(todo: list, runs: list, root: Path, quiet: bool):
     pool = ProcessPoolExecutor(sc0.parallel, mp_context=worker_context())
     _POOL.append(pool)
     light = lambda r: {k: v for k, v in r.items() if k != "data"}  # noqa: E731  (workers load their own data)
-    futs = [(i, r, pool.submit(_worker_run, i, light(r), len(runs), str(root), run_store(r), sc0.store_rounds))
+    futs = [(i, r, pool.submit(_worker_run, i, light(r), len(runs), str(root), sc0.store, sc0.store_rounds))
             for i, r in todo]
     for i, r, fut in futs:
         def finish(ledger: Ledger, rows_by: dict, i=i, r=r, fut=fut) -> dict:
@@ -307,7 +307,7 @@ def _one_run(i: int, r: dict, runs: list, ledger: Ledger, sink, rows_by: dict, q
     sc, threads = r["sc"], torch.get_num_threads()
     if sc.threads:   # the scenario's thread count for this run only; the caller's is restored below
         torch.set_num_threads(sc.threads)
-    store, ledger.store = ledger.store, run_store(r)
+    store, ledger.store = ledger.store, run_store(r)   # the one place a run's payload policy is set, either engine
     try:
         return _train(i, r, runs, ledger, sink, rows_by, quiet)
     finally:
