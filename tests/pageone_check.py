@@ -19,9 +19,9 @@ RUNS = re.compile(r"\((\d+) runs?\b")
 # membership is read and their chance, client sizes ("clients of 4 images", "at 4, 16 and 64 images"), the paired
 # runs a test needs
 FIXED = re.compile(r"at 95%|\d+(?:\.\d+)?% false positives|chance: \d+(?:\.\d+)?%|clients of \d+ images?|"
-                   r"from \d+ images|at (?:\d+, )*\d+(?: and \d+)? images|Holm correction over \d+ comparisons|"
+                   r"from \d+ images|at (?:\d+, )*\d+(?: and \d+)? images|Holm correction over the \d+ \w+ comparisons|"
                    r"needs 3 paired runs")
-HOLM_N = re.compile(r"Holm correction over (\d+) comparisons")
+HOLM_N = re.compile(r"Holm correction over the (\d+) (\w+) comparisons")
 
 
 def _csv(path: Path) -> list[dict]:
@@ -52,9 +52,11 @@ def untraced(folder) -> list[str]:
     rows = {r["id"]: r for r in _csv(folder / "scorecard.csv")}
     comps = {c["id"]: c for c in _csv(folder / "comparisons.csv")}
     bad = []
-    family = sum(c["call"] not in ("not resolvable", "not testable") for c in comps.values())
+    family = lambda harm: sum(c["harm"] == harm and c["call"] not in ("not resolvable", "not testable")  # noqa: E731
+                              for c in comps.values())
     for s in page_one((folder / "report.md").read_text()):
-        bad += [f"Holm family of {n}, comparisons.csv has {family}" for n in HOLM_N.findall(s) if int(n) != family]
+        bad += [f"Holm family of {n} {h}, comparisons.csv has {family(h)}" for n, h in HOLM_N.findall(s)
+                if int(n) != family(h)]
         parts = LINK.split(FIXED.sub(" ", s))
         if len(parts) == 1:
             bad += [f"no row linked: {s}"] if NUMBER.search(s) else []

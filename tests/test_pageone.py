@@ -190,7 +190,7 @@ def test_page_one_says_what_the_accuracy_data_rule_out(monkeypatch):
 def test_bank_against_weights_at_one_run_says_untested_not_a_holm_family_of_none():
     """A preview (1 run): the bank-minus-weights difference has an interval over images but no test; page one says
     so instead of "no size's difference survives the Holm correction over 0 comparisons"; at 5 runs, an interval
-    clear of zero that Holm does not keep is said as such."""
+    clear of zero that Holm does not keep is said as such, with the size of its harm's Holm family."""
     from dataclasses import replace
     from types import SimpleNamespace
 
@@ -208,5 +208,7 @@ def test_bank_against_weights_at_one_run_says_untested_not_a_holm_family_of_none
     text = P.bank_vs_weights(m)
     assert "untested: a test needs 3 paired runs" in text and "Holm" not in text, text
     five = replace(cmp, n=5, p_holm=0.3, call="inconclusive")
-    m.cells, m.comparisons = [replace(cell, n=5, comparison=five)], [five]
-    assert "no size's difference survives the Holm correction over 1 comparisons" in P.bank_vs_weights(m)
+    acc = replace(five, id="c.acc", harm="accuracy", channel_a="", channel_b="")   # another harm: another family
+    m.cells, m.comparisons = [replace(cell, n=5, comparison=five)], [five, acc, acc]
+    assert "no size's difference survives the Holm correction over the 1 reconstruction comparisons" in \
+        P.bank_vs_weights(m)

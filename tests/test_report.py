@@ -416,6 +416,21 @@ def test_scorecard_opens_the_report_and_matches_scorecard_csv(tmp_path):
     assert "plots/answer.png" in md.split("## Privacy scorecard")[0]   # the answer figure on page one
 
 
+def test_a_grid_block_is_one_picture_with_every_image_in_its_place():
+    """A block of a reconstruction grid is one picture: row i, column j holds image j of row i (grey images in every
+    colour channel), white in the gaps and where a row is short."""
+    from fdg_audit.report.plots import _mosaic
+    rng = np.random.default_rng(0)
+    grey, colour = rng.random((3, 1, 5, 4)), rng.random((2, 3, 5, 4))
+    pic = _mosaic((grey, colour, grey[:1]), cols=3, gap=2)
+    assert pic.shape == (3 * 5 + 2 * 2, 3 * 4 + 2 * 2, 3)
+    cell = lambda i, j: pic[i * 7:i * 7 + 5, j * 6:j * 6 + 4]  # noqa: E731
+    for j in range(3):
+        assert np.array_equal(cell(0, j), np.repeat(grey[j, 0][..., None], 3, -1))
+    assert np.array_equal(cell(1, 1), np.moveaxis(colour[1], 0, -1))
+    assert (cell(1, 2) == 1).all() and (cell(2, 1) == 1).all() and (pic[5:7] == 1).all() and (pic[:, 4:6] == 1).all()
+
+
 def test_reconstruction_grids_of_client_ids_stay_flat_and_parse_back(tmp_path):
     """Client ids carry a slash ("rot15/0"): the grid file must not become a folder the report never reads."""
     import torch

@@ -52,6 +52,22 @@ def test_holm_and_signflip_are_exact():
     assert (m, n) == (2.0, 3) and (hi - m) == pytest.approx(4.303 * 1 / np.sqrt(3), rel=1e-3)
 
 
+def test_each_harm_is_its_own_holm_family():
+    """Accuracy comparisons are adjusted among themselves, not with the leakage ones (one family per harm): with
+    p = 0.02 and 0.5 for accuracy and 0.01, 0.03, 0.2 for reconstruction, accuracy's 0.02 becomes 2 x 0.02 (a
+    family of 2), not 4 x 0.02 (Holm over all 5); an untestable comparison (p NaN) counts in no family."""
+    from fdg_audit.report.compare import holm_per_harm
+    mk = lambda harm, p: dict(harm=harm, p=p, n=10, lo=-0.5, hi=0.5, metric="target_acc")  # noqa: E731
+    comps = [mk("accuracy", 0.02), mk("accuracy", 0.5), mk("accuracy", float("nan"))] + \
+        [mk("reconstruction", p) for p in (0.01, 0.03, 0.2)]
+    holm_per_harm(comps)
+    assert [c["p_holm"] for c in comps[:2]] == pytest.approx([0.04, 0.5])
+    assert [c["p_holm"] for c in comps[3:]] == pytest.approx([0.03, 0.06, 0.2])
+    assert comps[2]["call"] == "not testable" and comps[2]["p_holm"] != comps[2]["p_holm"]
+    assert [c["family_size"] for c in comps] == [2, 2, 2, 3, 3, 3]
+    assert [c["call"] for c in comps[:2]] == ["borderline", "inconclusive"]
+
+
 def test_auc_interval_covers_and_matches_the_metrics_module():
     from fdg_audit import metrics as M
     rng = np.random.default_rng(1)

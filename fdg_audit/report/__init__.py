@@ -194,7 +194,7 @@ LEGEND = [
     ("Δ [95% CI] (n, call)", "the row's one comparison (comparisons.csv, same id): this cell minus the reference "
                          "method's cell at the same harm, adversary and setting whatever the channel (a channel's "
                          "own row: minus its method's other channel), paired by target and seed, Holm-adjusted "
-                         "over every comparison of the report. " + CALLS_TEXT),
+                         "over the report's comparisons of the same harm. " + CALLS_TEXT),
     ("bytes", "scorecard.csv: mean bytes on the bus per run of the method's runs"),
 ]
 

@@ -9,8 +9,10 @@ reconstruction); a pair whose chosen metrics differ in a run is not compared in 
 
 Each difference is A − B of the per-run values (held-out target x seed, the runs of both methods paired by target and
 seed), with its Student-t interval stratified by target; held-out accuracy is compared the same way. One family of
-tests: Holm over every comparison here (accuracy and leakage), called by ``stats.call`` (distinguishable /
-borderline / not distinguishable / inconclusive). A membership difference where either pool is below the resolvable
+tests per question, i.e. per harm (held-out accuracy is one): Holm over that harm's comparisons of every family and
+adversary, called by ``stats.call`` (distinguishable / borderline / not distinguishable / inconclusive). Each harm
+is read on its own (a row of page one's matrix, its own sentence), so an accuracy call does not pay for the number of
+leakage cells, nor a membership call for the reconstruction cells. A membership difference where either pool is below the resolvable
 size is printed with the call "not resolvable" and left out of the family. When one of the two is the scenario's
 reference method, B is the reference. Intervals are cut to the range of a difference of the metric
 (``scorecard.cut_diff``).
@@ -105,9 +107,7 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
                         d = _leak(res, card, chosen, (g, harm, role, x), (g, harm, role, y))
                         if d:
                             out.append(d | dict(ga=g, gb=g))
-    tested = [c for c in out if not c.get("_unresolved")]
-    for c, h in zip(tested, S.holm_calls(tested)):
-        c |= dict(p_holm=h["p_holm"], call=h["call"])
+    holm_per_harm([c for c in out if not c.get("_unresolved")])
     for c in out:
         if c.get("_unresolved"):
             c |= dict(p_holm=float("nan"), call="not resolvable")
@@ -115,6 +115,16 @@ def _between(res: T.Results, card: list[dict]) -> list[dict]:
                   ref=is_reference(res, c["gb"]) and not is_reference(res, c["ga"]))
         c["id"] = comparison_id(c)
     return out
+
+
+def holm_per_harm(comps: list[dict]) -> None:
+    """Adds ``p_holm``, ``call`` and ``family_size`` (its testable comparisons) to each comparison: one Holm family per
+    harm (module doc)."""
+    for harm in dict.fromkeys(c["harm"] for c in comps):
+        family = [c for c in comps if c["harm"] == harm]
+        size = sum(np.isfinite(c["p"]) for c in family)
+        for c, h in zip(family, S.holm_calls(family)):
+            c |= dict(p_holm=h["p_holm"], call=h["call"], family_size=size)
 
 
 def comparison_id(c: dict) -> str:
@@ -144,7 +154,7 @@ def between_md(comps: list[dict]) -> list[str]:
     return ["## Between methods, whatever the channel", "",
             "Per family, harm and adversary: each method's scorecard cell (the strongest non-oracle attack over every "
             "channel it sends, cross-fitted on halves of the items) minus another method's, paired by target and "
-            "seed, 95% Student-t interval; p Holm-adjusted over every comparison between methods of this report "
-            "(accuracy included). " + S.CALLS_TEXT + " comparisons.csv has these rows.", "",
+            "seed, 95% Student-t interval; p Holm-adjusted over the comparisons of the same harm (one family per "
+            "harm: each harm is its own question). " + S.CALLS_TEXT + " comparisons.csv has these rows.", "",
             md_table(["comparison", "family", "harm", "adversary", "metric", "A (attack on channel)", "B (attack on channel)",
                       "A − B [95% CI]", "n", "p (Holm)", "call"], body), ""]

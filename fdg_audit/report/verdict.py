@@ -134,16 +134,21 @@ def verdict_md(res, card: list[dict]) -> list[str]:
     return md
 
 
+def _family(comps: list[dict]) -> int:
+    """The size of the Holm family of these comparisons (``compare.between``: one family per harm)."""
+    return max((c.get("family_size", 0) for c in comps), default=0)
+
+
 def differences_md(comps: list[dict]) -> list[str]:
-    """Which accuracy differences are real, from ``compare.between`` (one Holm family with the leakage pairs)."""
+    """Which accuracy differences are real, from ``compare.between`` (the accuracy comparisons: one Holm family)."""
     diffs = [c for c in comps if c["harm"] == "accuracy"]
     if not diffs:
         return []
     md = ["### Which accuracy differences are real", "",
           "Paired by held-out target and seed: the mean over targets of the difference of held-out accuracy, its "
           "95% Student-t interval (stratified by target) and n, the number of paired runs; p is the t-test's "
-          f"p-value Holm-adjusted over the {len(comps)} comparisons between methods of this report (accuracy and "
-          "leakage, section \"Between methods\"). " + CALLS_TEXT, ""]
+          f"p-value Holm-adjusted over the {_family(diffs)} accuracy comparisons of this report (the leakage "
+          "comparisons, section \"Between methods\", are a family per harm of their own). " + CALLS_TEXT, ""]
     for ds in dict.fromkeys(d["dataset"] for d in diffs):
         rs = [d for d in diffs if d["dataset"] == ds]
         say = lambda call: "; ".join(  # noqa: E731
