@@ -172,8 +172,16 @@ def test_page_one_says_what_the_accuracy_data_rule_out(monkeypatch):
     m = Model(res=None, cells=[c for _, c in made], comparisons=[c for c, _ in made], bytes={}, reference="fedavg")
     assert P.accuracy(m) == (
         "CSAC minus FedAvg in held-out accuracy on rotated is -0.036 [-0.053, -0.019] (20 runs, distinguishable) "
-        "[↗](#rotated.csac.accuracy), and the others lie within ±0.039 at 95%, the widest FedDG on digits dg at "
-        "+0.016 [-0.007, +0.039] (20 runs, inconclusive) [↗](#digits_dg.feddg.accuracy).")
+        "[↗](#rotated.csac.accuracy), and the others lie within ±0.039 at 95%, the widest FedDG on digits dg (20 "
+        "runs, inconclusive) [↗](#digits_dg.feddg.accuracy).")
+    # two groups NOT CONVERGED on a data set the sentence shows: both the power statement and the groups fit
+    late = [dict(key=(ds, meth, ""), converged=0, runs=20) for ds, meth in (("digits_dg", "feddg"), ("rotated", "csac"))]
+    monkeypatch.setattr(P.T, "accuracy_table", lambda res: late)
+    assert P.accuracy(m) == (
+        "CSAC minus FedAvg in held-out accuracy on rotated is -0.036 [-0.053, -0.019] (20 runs, distinguishable) "
+        "[↗](#rotated.csac.accuracy), and FedDG on digits dg, CSAC on rotated had NOT CONVERGED, and the others lie "
+        "within ±0.039 at 95%, the widest FedDG on digits dg (20 runs, inconclusive) [↗](#digits_dg.feddg.accuracy).")
+    monkeypatch.setattr(P.T, "accuracy_table", lambda res: [])
     m.comparisons = m.comparisons[1:]
     assert P.accuracy(m).startswith("No held-out accuracy difference to FedAvg is distinguishable, every one lies "
                                     "within ±0.039 at 95%, the widest being FedDG on digits dg at +0.016")

@@ -241,7 +241,8 @@ def _tpr(c: Cell) -> str:
 
 def accuracy(m: Model) -> str | None:
     """The largest distinguishable accuracy difference to the reference method on the whole-domain data sets, and
-    what the data rule out for the others (the widest interval, as ±: the power statement)."""
+    what the data rule out for the others (the widest interval, as ±: the power statement, kept short so that it
+    fits beside the NOT CONVERGED groups)."""
     comps = [c for c in m.comparisons if c.harm == "accuracy" and c.b[1] == m.reference]
     main = [c for c in comps if not m.sized(c.dataset)] or comps
     if not main:
@@ -257,11 +258,12 @@ def accuracy(m: Model) -> str | None:
     if rest:
         c = max(rest, key=lambda c: max(abs(c.lo), abs(c.hi)))
         at = _at(m, c)
-        lead = (", and the others lie" if firm else
-                f"No held-out accuracy difference to {mw(('', m.reference, ''))} is distinguishable, every one lies")
-        parts.append(f"{lead} within ±{max(abs(c.lo), abs(c.hi)):.3f} at 95%, the widest{'' if firm else ' being'} "
-                     f"{mw(c.a)} on {words(c.dataset)} at {iv(c.diff, c.lo, c.hi, 3, True)} ({runs(at)}, {c.call}) "
-                     f"{link(at)}")
+        bound = f"within ±{max(abs(c.lo), abs(c.hi)):.3f} at 95%"
+        parts.append(f", and the others lie {bound}, the widest {mw(c.a)} on {words(c.dataset)} ({runs(at)}, "
+                     f"{c.call}) {link(at)}" if firm else
+                     f"No held-out accuracy difference to {mw(('', m.reference, ''))} is distinguishable, every one "
+                     f"lies {bound}, the widest being {mw(c.a)} on {words(c.dataset)} at "
+                     f"{iv(c.diff, c.lo, c.hi, 3, True)} ({runs(at)}, {c.call}) {link(at)}")
     if not parts:   # fewer than 3 paired runs (a preview): not testable
         c = max(main, key=lambda c: abs(c.diff))
         at = _at(m, c)
