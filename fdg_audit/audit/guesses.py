@@ -3,7 +3,6 @@ each domain by the domain's own recipe from digits no client of the run held; ``
 attacker makes from the artifact alone, scored by ``fdg_audit.audit.scoring`` exactly like an attack's images."""
 from __future__ import annotations
 
-import functools
 import hashlib
 
 import numpy as np
@@ -37,7 +36,7 @@ def rendered_pool(data) -> dict:
     names = FAMILIES.get(fam)
     if not names or not data.domains:
         return {}
-    images, labels = _mnist()
+    images, labels = read_mnist_5k()
     used = np.unique(np.concatenate([np.concatenate([d.train.idx, d.val.idx]) for d in data.domains]) % len(labels))
     key = (fam, tuple(d.name for d in data.domains), hashlib.blake2b(used.tobytes(), digest_size=16).hexdigest())
     if key in _RENDERED:   # the methods of one draw share its data: rendered once
@@ -64,11 +63,6 @@ def rendered_pool(data) -> dict:
 
 
 _RENDERED: dict = {}
-
-
-@functools.lru_cache(maxsize=1)
-def _mnist() -> tuple[np.ndarray, np.ndarray]:
-    return read_mnist_5k()
 
 
 def free_guesses(out: Reconstruction, x: torch.Tensor, public: tuple, num_classes: int, idx) -> dict:

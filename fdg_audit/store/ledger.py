@@ -160,6 +160,8 @@ def parse_envelope(line: bytes | str, where: str) -> Envelope:
 
 
 class Ledger:
+    _by_run: tuple = (None, 0, {})   # select's index of the opened envelopes by run: (the list, its length, index)
+
     def __init__(self, root: str | Path, store: str | list[str] = "all", rounds: list[int] = (),
                  file: str = "messages.jsonl"):
         """``store``: "all", "none" or a list of artifact kinds whose payload bytes are kept; ``rounds``: if
@@ -293,11 +295,21 @@ class Ledger:
         return decode(self.raw(env))
 
     def select(self, **match) -> list[Envelope]:
-        """Envelopes whose fields equal every given value (a list/tuple value means 'any of')."""
+        """Envelopes whose fields equal every given value (a list/tuple value means 'any of'), in ledger order. On an
+        opened ledger, ``run=<id>`` reads only that run's envelopes (an index built once: a main job's attack phase
+        selects each run's envelopes once per attack, and a scan of all 50,000 cost 0.12 s a call)."""
         def ok(e):
             return all(getattr(e, k) in v if isinstance(v, (list, tuple, set)) else getattr(e, k) == v
                        for k, v in match.items())
-        return [e for e in self.stream() if ok(e)]
+        envs = self.stream()
+        if self._envs is not None and isinstance(match.get("run"), str):
+            if self._by_run[0] is not self._envs or self._by_run[1] != len(self._envs):
+                index: dict[str, list[Envelope]] = {}
+                for e in self._envs:
+                    index.setdefault(e.run, []).append(e)
+                self._by_run = (self._envs, len(self._envs), index)
+            envs = self._by_run[2].get(match["run"], [])
+        return [e for e in envs if ok(e)]
 
 
 def open_verified(root: Path, summary: dict | None = None) -> Ledger:
