@@ -12,9 +12,9 @@ seed), with its Student-t interval stratified by target; held-out accuracy is co
 tests per question, i.e. per harm (held-out accuracy is one): Holm over that harm's comparisons of every family and
 adversary, called by ``stats.call`` (distinguishable / borderline / not distinguishable / inconclusive). Each harm
 is read on its own (a row of page one's matrix, its own sentence), so an accuracy call does not pay for the number of
-leakage cells, nor a membership call for the reconstruction cells. A membership difference where either pool is below the resolvable
-size is printed with the call "not resolvable" and left out of the family. When one of the two is the scenario's
-reference method, B is the reference. Intervals are cut to the range of a difference of the metric
+leakage cells, nor a membership call for the reconstruction cells. A membership difference where either pool is
+below the resolvable size is printed with the call "not resolvable" and left out of the family. When one of the two
+is the scenario's reference method, B is the reference. Intervals are cut to the range of a difference of the metric
 (``scorecard.cut_diff``).
 
 The scorecard shows each method's comparison with the reference in a row of its own (``any_channel_rows``, setting
