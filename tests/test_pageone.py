@@ -162,7 +162,7 @@ def test_page_one_says_what_the_accuracy_data_rule_out(monkeypatch):
     def pair(ds, method, diff, half, call):
         cmp = Comparison(id=f"c.{ds}.{method}", dataset=ds, harm="accuracy", adversary="", setting="",
                          a=(ds, method, ""), b=(ds, "fedavg", ""), channel_a="", channel_b="", metric="acc",
-                         diff=diff, lo=diff - half, hi=diff + half, n=20, p_holm=0.5, call=call)
+                         diff=diff, lo=diff - half, hi=diff + half, n=20, p_holm=0.5, call=call, family=4)
         return cmp, Cell(id=f"{ds}.{method}.accuracy", group=(ds, method, ""), harm="accuracy", setting="",
                          adversary="", metric="acc", unit="fraction", value=0.7, lo=0.6, hi=0.8, n=20, baseline=nan,
                          b_lo=nan, b_hi=nan, baseline_kind="", chance=nan, reading="", control="", attack="",
@@ -207,7 +207,7 @@ def test_bank_against_weights_at_one_run_says_untested_not_a_holm_family_of_none
     nan, g = float("nan"), ("rotated_small", "feddg", "")
     cmp = Comparison(id="c.bank", dataset=g[0], harm="reconstruction", adversary="server", setting="", a=g, b=g,
                      channel_a="amplitude_bank", channel_b="weights", metric="reid", diff=0.53, lo=0.03, hi=0.88, n=1,
-                     p_holm=nan, call="not testable")
+                     p_holm=nan, call="not testable", family=0)
     cell = Cell(id="rs.feddg.16", group=g, harm="reconstruction", setting="clients of 16 images", adversary="server",
                 metric="reid", unit="fraction", value=0.9, lo=0.8, hi=1.0, n=1, baseline=0.2, b_lo=nan, b_hi=nan,
                 baseline_kind="", chance=0.01, reading="", control="", attack="", artifact="amplitude_bank", size=16,
@@ -215,7 +215,7 @@ def test_bank_against_weights_at_one_run_says_untested_not_a_holm_family_of_none
     m = Model(res=SimpleNamespace(groups=lambda: [g]), cells=[cell], comparisons=[cmp], bytes={}, reference="fedavg")
     text = P.bank_vs_weights(m)
     assert "untested: a test needs 3 paired runs" in text and "Holm" not in text, text
-    five = replace(cmp, n=5, p_holm=0.3, call="inconclusive")
+    five = replace(cmp, n=5, p_holm=0.3, call="inconclusive", family=1)   # compare.holm_per_harm's count
     acc = replace(five, id="c.acc", harm="accuracy", channel_a="", channel_b="")   # another harm: another family
     m.cells, m.comparisons = [replace(cell, n=5, comparison=five)], [five, acc, acc]
     assert "no size's difference survives the Holm correction over the 1 reconstruction comparisons" in \

@@ -49,6 +49,7 @@ class Comparison:
     n: int
     p_holm: float
     call: str
+    family: int       # the size of its Holm family: the testable comparisons of its harm (report/compare.py)
 
     @property
     def within(self) -> bool:
@@ -197,7 +198,8 @@ def _comparison(c: dict) -> Comparison:
     return Comparison(id=c["id"], dataset=c["dataset"], harm=c["harm"], adversary=c["adversary"],
                       setting=c["setting"], a=c["ga"], b=c["gb"], channel_a=c.get("channel_a", ""),
                       channel_b=c.get("channel_b", ""), metric=c["metric"], diff=float(c["diff"]), lo=float(c["lo"]),
-                      hi=float(c["hi"]), n=int(c["n"]), p_holm=float(c["p_holm"]), call=c["call"])
+                      hi=float(c["hi"]), n=int(c["n"]), p_holm=float(c["p_holm"]), call=c["call"],
+                      family=int(c.get("family_size", 0)))
 
 
 def _own(r: dict, comps: list[Comparison], ref_of, card: dict) -> Comparison | None:

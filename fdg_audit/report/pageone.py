@@ -103,9 +103,8 @@ def bank_vs_weights(m: Model) -> str | None:
     if not more and not less and head.call == "not testable":
         parts.append(", untested: a test needs 3 paired runs")
     elif not more and not less and (head.lo > 0 or head.hi < 0):
-        n = sum(c.harm == head.harm and c.call not in ("not resolvable", "not testable") for c in m.comparisons)
         parts.append(f", an interval clear of zero, but no size's difference survives the Holm correction over "
-                     f"the {n} {head.harm} comparisons")
+                     f"the {head.family} {head.harm} comparisons")
     elif not more and not less:
         parts.append(f", so neither channel is shown to give back {say} the other at any client size")
     whole = [c for h in m.groups() if h[1:] == g[1:] and not m.sized(h[0])
