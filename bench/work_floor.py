@@ -7,13 +7,14 @@ set and method, split into the seeds the attacks read (``attack_seeds`` of the r
 for held-out accuracy only. Attacks: the CPU seconds every attack job recorded (attack_jobs/<attack>/<key>/*.json,
 ``cpu``: the worker's own count); an attack's controls and the harness's scoring are not recorded in the folder, so
 the attack line is a lower bound (the scenario's log prints the whole: "attack X: ..., N CPU s"). The floor is the
-sum over the cores, as if no second were lost to start-up, waiting, data, controls, scoring or the report. It answers one question: can this
-design fit the target on this machine by scheduling alone, or must the work itself shrink?
+sum over the cores, as if no second were lost to start-up, waiting, data, controls, scoring or the report. It
+answers one question: can this design fit the target on this machine by scheduling alone, or must the work shrink?
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -51,7 +52,7 @@ def main() -> None:
     print(f"{run}: training, run seconds (one thread per run)")
     for (ds, method, kind), secs in sorted(train.items()):
         print(f"  {ds:14s} {method:8s} {kind:14s} {len(secs):3d} runs  {sum(secs):7.0f} s  "
-              f"(median {sorted(secs)[len(secs) // 2]:.1f} s a run)")
+              f"(median {statistics.median(secs):.1f} s a run)")
     by_kind = {k: sum(sum(v) for key, v in train.items() if key[2] == k) for k in ("attacked", "accuracy only")}
     print("attacks, CPU seconds of their jobs (controls and scoring not included)")
     for name, cpu in sorted(att.items(), key=lambda kv: -kv[1]):

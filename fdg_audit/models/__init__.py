@@ -70,10 +70,8 @@ def _cnn(arch: str, norm: str, channels: int, num_classes: int, size: int) -> Ne
     side = ((size - 4) // 2 - 4) // 2
     if side < 1:
         raise UserError(f"{arch} needs images of at least 16x16, got {size}x{size}: raise data.image_size")
-    # conv, norm, pool, ReLU: max-pooling first is the same function with the same gradients as ReLU first (max
-    # commutes with ReLU), on a quarter of the ReLU's elements (bench/step_cost.py --variants)
-    trunk = [nn.Sequential(nn.Conv2d(channels, c1, 5), _norm(norm, c1), nn.MaxPool2d(2), nn.ReLU()),
-             nn.Sequential(nn.Conv2d(c1, c2, 5), _norm(norm, c2), nn.MaxPool2d(2), nn.ReLU())]
+    trunk = [nn.Sequential(nn.Conv2d(channels, c1, 5), _norm(norm, c1), nn.ReLU(), nn.MaxPool2d(2)),
+             nn.Sequential(nn.Conv2d(c1, c2, 5), _norm(norm, c2), nn.ReLU(), nn.MaxPool2d(2))]
     neck = nn.Sequential(nn.Flatten(), nn.Linear(c2 * side * side, dim), nn.ReLU())
     return Net(trunk, neck, nn.Linear(dim, num_classes), dim)
 
